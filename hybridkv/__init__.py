@@ -1,0 +1,16 @@
+"""hybridkv: KV-cache state management for hybrid-attention LLMs that proves its reuse
+decisions safe.  Public face (DESIGN §6); heavy parts are imported lazily."""
+import importlib
+
+_EXPORTS = {
+    "V4Mini": "hybridkv.model",
+    "DiskTier": "hybridkv.disk",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")

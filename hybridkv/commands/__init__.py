@@ -1,0 +1,1 @@
+"""Subcommands of the `hybridkv` CLI, one module each (discovered at start-up)."""

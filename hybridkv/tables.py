@@ -1,0 +1,67 @@
+"""Hot-path transition tables compiled from the spec's machine classes.
+
+python-statemachine is the declaration (~75-200 µs a transition); the runtime fires
+``(state, event) -> [(guards, target)]`` rows holding the very same guard functions.
+``CheckedMachine`` drives a real machine instance beside the table and fails loudly when
+the two disagree (checked mode).
+"""
+from spec.table import compile_machine
+
+
+class TransitionRefused(Exception):
+    """An event is not allowed in the object's state, or its guard is false."""
+
+    def __init__(self, machine, state, event):
+        super().__init__(f"{machine}: event {event!r} refused in state {state!r}")
+        self.machine, self.state, self.event = machine, state, event
+
+
+class Table:
+    """Flat transition table of one machine class."""
+
+    def __init__(self, machine_cls):
+        self.name = machine_cls.__name__
+        self.machine_cls = machine_cls
+        self.rows = {}
+        for event, rows in compile_machine(machine_cls).items():
+            for r in rows:
+                self.rows.setdefault((r.source, event), []).append((r.guards, r.target))
+        self.states = {s.value: s.id for s in machine_cls.states}
+
+    def target(self, st, event, o, c):
+        """The state ``event`` leads to from ``st``, or None when refused."""
+        for guards, tgt in self.rows.get((st, event), ()):
+            if all(g(o, c) for g in guards):
+                return tgt
+        return None
+
+    def fire(self, st, event, o, c):
+        tgt = self.target(st, event, o, c)
+        if tgt is None:
+            raise TransitionRefused(self.name, self.states.get(st, st), event)
+        return tgt
+
+
+class CheckedMachine:
+    """A real python-statemachine instance that shadows one object's table transitions."""
+
+    def __init__(self, table):
+        self.table = table
+        self.sm = table.machine_cls()
+
+    def follow(self, st, event, o, c, expected):
+        """Fire ``event`` on the real machine (which must be in ``st``) and assert it lands
+        where the table said."""
+        assert self.sm.current_state_value == st, (self.table.name, self.sm.current_state_value, st)
+        self.sm.send(event, o=o, c=c)
+        got = self.sm.current_state_value
+        assert got == expected, f"{self.table.name}: machine went to {got}, table to {expected}"
+
+
+_CACHE = {}
+
+
+def table_for(machine_cls):
+    if machine_cls not in _CACHE:
+        _CACHE[machine_cls] = Table(machine_cls)
+    return _CACHE[machine_cls]

@@ -1,0 +1,1 @@
+"""Z3 proofs over the spec: BMC, induction, mutation, counterexample traces."""

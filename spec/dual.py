@@ -1,0 +1,137 @@
+"""Dual-mode helpers: plain Python values on concrete input, Z3 terms on symbolic input.
+
+Guards, invariants and ``step`` are written once with these helpers.  The runtime calls
+them on ints and bools; the prover calls the very same functions on Z3 bit-vectors.
+Python's ``and``/``or``/``not``/``if`` and chained comparisons silently misbehave on
+Z3 terms, so spec code uses only these (a lint test enforces it).
+
+Bit-vector values are treated as non-negative and below 2**(width-1): the prover picks
+widths so that every bounded counter fits, so signed comparisons (``<`` on a
+``BitVecRef``) agree with Python's.
+"""
+from functools import reduce
+import operator
+
+import z3
+
+_WIDTH = [None]  # bit-vector width used for numerals built from two concrete branches
+
+
+def set_width(width):
+    """Select the sort of numerals minted by ``If``/``Count`` (None: Int, n: BitVec(n))."""
+    _WIDTH[0] = width
+
+
+def is_sym(*xs):
+    return any(isinstance(x, z3.ExprRef) for x in xs)
+
+
+def _num(x):
+    if isinstance(x, z3.ExprRef) or isinstance(x, bool):
+        return x
+    return z3.IntVal(x) if _WIDTH[0] is None else z3.BitVecVal(x, _WIDTH[0])
+
+
+def And(*xs):
+    return z3.And(*xs) if is_sym(*xs) else all(xs)
+
+
+def Or(*xs):
+    return z3.Or(*xs) if is_sym(*xs) else any(xs)
+
+
+def Not(x):
+    return z3.Not(x) if is_sym(x) else not x
+
+
+def Implies(a, b):
+    return z3.Implies(a, b) if is_sym(a, b) else (not a) or bool(b)
+
+
+def If(c, a, b):
+    if is_sym(c):
+        return z3.If(c, _num(a), _num(b))
+    return a if c else b
+
+
+def Eq(a, b):
+    """Equality that also compares tuples field by field."""
+    if isinstance(a, tuple):
+        return And(*[Eq(x, y) for x, y in zip(a, b, strict=True)])
+    return a == b
+
+
+def Sum(xs):
+    xs = list(xs)
+    return reduce(operator.add, xs) if xs else 0
+
+
+def Count(bools):
+    return Sum(If(b, 1, 0) for b in bools)
+
+
+def Min(a, b):
+    return If(a <= b, a, b)
+
+
+def Max(a, b):
+    return If(a >= b, a, b)
+
+
+def _bv_pair(a, b):
+    """Both operands as bit-vectors of one width (a numeral adopts the other's width)."""
+    w = a.size() if isinstance(a, z3.BitVecRef) else b.size()
+    return (a if is_sym(a) else z3.BitVecVal(a, w)), (b if is_sym(b) else z3.BitVecVal(b, w))
+
+
+def Div(a, b):
+    """Floor division of non-negative values."""
+    if not is_sym(a, b):
+        return a // b
+    if isinstance(a, z3.BitVecRef) or isinstance(b, z3.BitVecRef):
+        return z3.UDiv(*_bv_pair(a, b))
+    return a / b
+
+
+def Mod(a, b):
+    """Remainder of non-negative values."""
+    if not is_sym(a, b):
+        return a % b
+    if isinstance(a, z3.BitVecRef) or isinstance(b, z3.BitVecRef):
+        return z3.URem(*_bv_pair(a, b))
+    return a % b
+
+
+def concrete(x):
+    """Evaluate a closed Z3 term back to a Python int/bool; plain values pass through."""
+    if not is_sym(x):
+        return x
+    v = z3.simplify(x)
+    if z3.is_true(v) or z3.is_false(v):
+        return z3.is_true(v)
+    return v.as_long()
+
+
+def Ite(c, a, b):
+    """``If`` that also works field-wise on (named) tuples of equal shape."""
+    if isinstance(a, tuple):
+        vals = [Ite(c, x, y) for x, y in zip(a, b, strict=True)]
+        return type(a)(*vals) if hasattr(a, "_fields") else tuple(vals)
+    return If(c, a, b)
+
+
+def Select(seq, i):
+    """``seq[i]`` for a concrete or symbolic index (an If-chain over the positions)."""
+    if not is_sym(i):
+        return seq[i]
+    out = seq[0]
+    for j in range(1, len(seq)):
+        out = Ite(i == j, seq[j], out)
+    return out
+
+
+def Store(seq, i, v):
+    """``seq`` with position i replaced by v, for a concrete or symbolic index."""
+    if not is_sym(i):
+        return seq[:i] + (v,) + seq[i + 1:]
+    return tuple(Ite(i == j, v, x) for j, x in enumerate(seq))

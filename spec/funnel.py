@@ -1,0 +1,69 @@
+"""The 4-layer hit-validation funnel, the launch-time re-checks, and the fallback.
+
+One function per rule, used alike by the lookup (what may hit), the cache writer (what is
+worth caching), the kernel launch wrappers and the prover.  All dual-mode.
+"""
+from typing import NamedTuple
+
+from spec.dual import And, Eq, If, Mod, Or
+
+GPU_ALIGN = 16          # bytes: vectorised loads on the GPU
+GPU_BLOCK_ALIGN = 128   # bytes: start of every pool block
+DISK_ALIGN = 4096       # bytes: O_DIRECT / NVMe DMA
+
+
+class AbiDesc(NamedTuple):
+    """What a kernel expects of a stored object.  Strings are compared by equality only."""
+    dtype: str
+    layout: str
+    strides: tuple
+    block_size: int
+    head_dim: int
+    kernel_version: int
+
+
+# Layer 1 -- whole-block / LCM alignment ------------------------------------------------
+def can_hit_aligned(H, granule, block_sizes, partial_ok):
+    """H sits on the hash granule (GCD of the group block sizes) and, in every group,
+    either on that group's block boundary or at a position that group checkpointed exactly
+    (a tail snapshot), so a prompt shorter than the LCM can still hit."""
+    return And(Mod(H, granule) == 0,
+               *[Or(Mod(H, b) == 0, p) for b, p in zip(block_sizes, partial_ok, strict=True)])
+
+
+# Layer 2 -- kernel ABI -------------------------------------------------------------------
+def can_hit_abi(stored, expected):
+    """Stored layout equals the kernel's: dtype, layout, strides, block size, head dim, version."""
+    return Eq(tuple(stored), tuple(expected))
+
+
+# Layer 3 -- multi-group intersection at one H -------------------------------------------
+def can_hit_groups(ready_flags):
+    """An intersection, never a union: every group must be ready at the same H."""
+    return And(*ready_flags)
+
+
+# Layer 4 -- byte-level hardware alignment ------------------------------------------------
+def can_hit_bytes(addr, nbytes, align):
+    """Start address and length are multiples of the target's alignment."""
+    return And(Mod(addr, align) == 0, Mod(nbytes, align) == 0)
+
+
+# Launch-time re-checks --------------------------------------------------------------------
+def can_read_pinned(pins, pinned_ver, ver, pinned_ep, ep):
+    """TOCTOU re-check right before a read: still pinned, same version, same address."""
+    return And(pins >= 1, ver == pinned_ver, ep == pinned_ep)
+
+
+def can_replay(captured_eps, current_eps):
+    """A captured graph may replay only while every address it captured is unchanged."""
+    return Eq(tuple(captured_eps), tuple(current_eps))
+
+
+# Fallback --------------------------------------------------------------------------------
+def best_hit(candidates, passes):
+    """The largest candidate length whose checks all pass (0 when none does)."""
+    best = 0
+    for h, ok in zip(candidates, passes, strict=True):
+        best = If(And(ok, h > best), h, best)
+    return best

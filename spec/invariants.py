@@ -1,0 +1,89 @@
+"""The invariants (DESIGN §5), stated on the abstract state independently of the guards
+that are meant to keep them, plus the auxiliary facts induction needs (``well_formed``)."""
+from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING, tail_need
+from spec.dual import And, Div, Implies, Max, Mod, Or
+from spec.state import (D_LOADING, HELD, KINDS, RUNNING, ctx, holders, inflight, loaders,
+                        refs_of)
+
+COMP, TAIL, SWA, IDX = range(len(KINDS))
+
+
+def _sound_at(k, o, H, s, c):
+    """What resuming at H actually needs of the object a running request reads."""
+    need = {
+        COMP: lambda: [o.closed >= Div(H, c.ratio)],
+        TAIL: lambda: [o.h == H, o.rows == tail_need(H, c.ratio, c.overlap)],
+        SWA: lambda: [o.lo <= Max(0, H - c.window), o.hi >= H],
+        IDX: lambda: [o.h == H, o.synced == H, o.iv == s.miv],
+    }[k]()
+    return And(o.st == PINNED, o.draft == 0, *need)
+
+
+def hit_soundness(s, c):
+    """No request computes from a prefix whose objects are not all ready at its H."""
+    return And(*[Implies(r.ph == RUNNING,
+                         And(Mod(r.H, c.granule) == 0, r.H >= 1,
+                             *[_sound_at(k, o, r.H, s, c)
+                               for k, o in enumerate(refs_of(s, r.ref))]))
+                 for r in s.req])
+
+
+def admission_cap(s, c):
+    """I1: objects in transit never exceed the cap."""
+    return inflight(s) <= c.cap
+
+
+def state_routing(s, c):
+    """I2: a load fills a block of the copy's own kind, and every loading block has exactly
+    one loader of that kind."""
+    return And(*[Implies(d.st == D_LOADING, d.tk == d.kind) for d in s.disk],
+               *[Implies(o.st == LOADING, loaders(s, k, i) == 1)
+                 for k, objs in enumerate(s.mem) for i, o in enumerate(objs)])
+
+
+def toctou(s, c):
+    """I3: what a running request reads is still pinned, at the version and address it
+    checked."""
+    return And(*[Implies(r.ph == RUNNING,
+                         And(*[And(o.st == PINNED, o.ver == r.pv[k], o.ep == r.pe[k])
+                               for k, o in enumerate(refs_of(s, r.ref))]))
+                 for r in s.req])
+
+
+def static_topology(s, c):
+    """I4: no graph was ever replayed over a moved or uncaptured address."""
+    return And(*[g.bad == 0 for g in s.graph])
+
+
+def draft_isolation(s, c):
+    """Draft state is never published: it exists only in objects still being written."""
+    return And(*[Implies(o.draft == 1, o.st == WRITING) for objs in s.mem for o in objs])
+
+
+def _complete(k, o, c):
+    return {COMP: lambda: o.closed == Div(o.h, c.ratio),
+            TAIL: lambda: o.rows == tail_need(o.h, c.ratio, c.overlap),
+            SWA: lambda: o.lo <= o.hi,
+            IDX: lambda: o.synced == o.h}[k]()
+
+
+def well_formed(s, c):
+    """Auxiliary: pins count their holders, published objects are complete, stale means
+    outdated, and every counter stays inside the model's bounds."""
+    cx = ctx(s, c)
+    facts = [s.miv <= c.max_iv]
+    for k, objs in enumerate(s.mem):
+        for i, o in enumerate(objs):
+            facts += [o.pins == holders(s, k, i), (o.st == PINNED) == (o.pins >= 1),
+                      Implies(Or(o.st == READY, o.st == PINNED, o.st == STALE),
+                              _complete(k, o, c)),
+                      Implies(o.st == FREE, o.draft == 0),
+                      o.ver <= c.max_ver, o.ep <= c.max_ep, o.draft <= 1]
+    facts += [And(Implies(o.st == STALE, o.iv != cx.miv), o.iv <= cx.miv) for o in s.mem[IDX]]
+    for r in s.req:
+        facts += [Implies(Or(r.ph == HELD, r.ph == RUNNING), r.H >= 1)]
+    return And(*facts)
+
+
+INVARIANTS = {f.__name__: f for f in (hit_soundness, admission_cap, state_routing, toctou,
+                                      static_topology, draft_isolation, well_formed)}

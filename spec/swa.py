@@ -1,0 +1,51 @@
+"""SWA window: raw per-token KV of the last W tokens, valid on the interval [lo, hi).
+
+Window churn frees the oldest rows of an unpinned window (``slide``), so validity is always
+judged against the resume point: [H-W, H) must lie inside [lo, hi).
+"""
+from typing import NamedTuple
+
+from spec.common import FREE, memory_machine
+from spec.dual import And, Max
+
+
+class SwaRec(NamedTuple):
+    st: int = FREE
+    ver: int = 0
+    pins: int = 0
+    ep: int = 0
+    draft: int = 0
+    hi: int = 0   # one past the newest valid token
+    lo: int = 0   # oldest valid token
+
+    CONTENT = ("hi", "lo")
+
+    def partial_at(self, p, c):
+        return dict(hi=p, lo=p)
+
+    def completed(self, c):
+        return dict(lo=Max(0, self.hi - c.window))
+
+
+def can_seal(o, c):
+    """Never publish draft tokens; the interval itself is checked against H at lookup."""
+    return o.draft == 0
+
+
+def can_slide(o, c):
+    """Churn may free the oldest row while one remains; the content changes, so the object
+    is re-versioned (a reader that checked it before must notice)."""
+    return And(o.lo < o.hi, o.ver < c.max_ver)
+
+
+def slide(o, c):
+    return o._replace(lo=o.lo + 1, ver=o.ver + 1)
+
+
+def covers(o, H, c):
+    return And(o.hi >= H, o.lo <= Max(0, H - c.window))
+
+
+SwaWindowMachine = memory_machine(
+    "SwaWindowMachine", __name__, __doc__, can_seal,
+    extra=lambda s: {"slide": s["ready"].to.itself(cond=can_slide)})

@@ -1,0 +1,39 @@
+"""Uncompressed tail: the compressor's open window (fp32 kv+gate rows, incl. CSA overlap).
+
+Never final: it rolls forward.  A snapshot is usable only at exactly its own position H,
+holding exactly ``tail_need(H)`` rows.
+"""
+from typing import NamedTuple
+
+from spec.common import FREE, memory_machine, tail_need
+from spec.dual import And
+
+
+class TailRec(NamedTuple):
+    st: int = FREE
+    ver: int = 0
+    pins: int = 0
+    ep: int = 0
+    draft: int = 0
+    h: int = 0      # position the snapshot was taken at
+    rows: int = 0   # raw rows held
+
+    CONTENT = ("h", "rows")
+
+    def partial_at(self, p, c):
+        return dict(h=p, rows=0)
+
+    def completed(self, c):
+        return dict(rows=tail_need(self.h, c.ratio, c.overlap))
+
+
+def can_seal(o, c):
+    """Published only once the open window is fully written, and never for draft tokens."""
+    return And(o.rows == tail_need(o.h, c.ratio, c.overlap), o.draft == 0)
+
+
+def covers(o, H, c):
+    return o.h == H
+
+
+UncompressedTailMachine = memory_machine("UncompressedTailMachine", __name__, __doc__, can_seal)

@@ -1,0 +1,98 @@
+"""Lightning indexer: scores and top-k over the compressed entries visible to each query.
+
+score(i, j) = sum_h w_h(i) * relu(q_h(i) . k_j) for j visible at i (ratio*j + ratio - 1 <= i).
+Top-k is by score, ties broken by the lower entry index (both backends), so the selection is
+deterministic even where relu makes many scores exactly 0.  Fewer than k visible entries leave
+-1 in the remaining slots.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.guards import (KERNEL_VERSION, LaunchRefused, check_pins, check_pool,
+                            check_same_device, check_tensor, expected_abi)
+
+
+@triton.jit
+def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, sel_stride,
+                  NI: tl.constexpr, DI: tl.constexpr, CBS: tl.constexpr, BLOCK_E: tl.constexpr,
+                  K: tl.constexpr):
+    pid = tl.program_id(0)
+    i = tl.load(POS + pid)
+    r = tl.load(REQ + pid)
+    h = tl.arange(0, NI)
+    d = tl.arange(0, DI)
+    e = tl.arange(0, BLOCK_E)
+    q = tl.load(IQ + pid * NI * DI + h[:, None] * DI + d[None, :])
+    w = tl.load(IW + pid * NI + h)
+    n_vis = (i + 1) // ratio
+    valid = e < n_vis
+    blk = tl.load(IBT + r * bt_stride + e // CBS, mask=valid, other=0)
+    k = tl.load(KEYS + blk[:, None] * (CBS * DI) + (e % CBS)[:, None] * DI + d[None, :],
+                mask=valid[:, None], other=0.0)
+    dots = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                  # [NI, E]
+    s = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
+    s = tl.where(valid, s, float("-inf"))
+    tl.store(SCORES + pid * BLOCK_E + e, s)
+    for kk in tl.static_range(K):
+        best = tl.min(tl.where(s == tl.max(s, axis=0), e, BLOCK_E), axis=0)
+        tl.store(SEL + pid * sel_stride + kk, tl.where(kk < n_vis, best, -1))
+        s = tl.where(e == best, float("-inf"), s)
+
+
+def index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e):
+    """Plain-torch reference: gather visible keys, score, stable descending sort."""
+    n_q, k = plan.n_q, plan.top_k
+    dev = iq.device
+    scores = torch.full((max(n_q, 1), block_e), float("-inf"), device=dev)
+    sel = torch.full_like(plan.sel, -1)
+    cbs = keys_pool.shape[1]
+    for qi in range(n_q):
+        i, r = int(plan.pos[qi]), int(plan.req[qi])
+        j = torch.arange((i + 1) // ratio, device=dev)
+        blocks = plan.idx_table[r][j // cbs]
+        if (blocks < 0).any():
+            raise IndexError(f"indexer: read of an unheld block for entries {j.tolist()}")
+        keys = keys_pool[blocks.long(), (j % cbs).long()]
+        s = (iw[qi][:, None] * torch.relu(iq[qi] @ keys.T)).sum(0)
+        scores[qi, :len(j)] = s
+        order = torch.sort(s, descending=True, stable=True).indices[:k]
+        sel[qi, :len(order)] = order.to(torch.int32)
+    return scores, sel
+
+
+def _pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
+               stored_version=KERNEL_VERSION):
+    """Score and select for every query of ``plan``; fills ``plan.sel[:, :top_k]`` in place.
+
+    iq: [n_q, NI, DI] fp32, iw: [n_q, NI] fp32, keys_pool: [blocks, rows, DI] (indexer pool).
+    Returns (scores [n_q, BLOCK_E] with -inf where not visible, sel)."""
+    check_tensor("iq", iq, torch.float32, 3)
+    check_tensor("iw", iw, torch.float32, 2, row=False)
+    n_q, ni, di = iq.shape
+    if (n_q != plan.n_q or tuple(iw.shape) != (n_q, ni) or ni != _pow2(ni) or di != _pow2(di)
+            or not 0 < plan.top_k <= plan.sel.shape[1]):
+        raise LaunchRefused("shape", "iq", (tuple(iq.shape), tuple(iw.shape), plan.top_k))
+    check_pool("keys_pool", keys_pool, expected_abi(keys_pool.shape[1], di), stored_version)
+    for name in ("pos", "req", "idx_table", "sel"):
+        check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())
+    check_same_device("indexer", iq, iw, keys_pool, plan.pos, plan.idx_table, plan.sel)
+    check_pins(pins)
+    block_e = _pow2(max(1, (plan.max_pos + 1) // ratio))
+    if backend == "torch":
+        scores, sel = index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e)
+        plan.sel.copy_(sel)
+        return scores, plan.sel
+    if backend != "triton":
+        raise LaunchRefused("shape", "backend", backend)
+    scores = torch.empty((max(n_q, 1), block_e), dtype=torch.float32, device=iq.device)
+    if n_q:
+        _index_kernel[(n_q,)](iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel,
+                              scores, int(ratio), plan.idx_table.stride(0), plan.sel.stride(0),
+                              NI=ni, DI=di, CBS=keys_pool.shape[1], BLOCK_E=block_e,
+                              K=plan.top_k)
+    return scores, plan.sel

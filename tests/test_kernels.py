@@ -1,0 +1,130 @@
+"""Each Triton kernel (interpreted on CPU) against its plain-torch reference.
+
+Shapes, block tables (shuffled physical blocks, slid-out blocks unheld), lengths and chunk
+positions are drawn by hypothesis; pools are NaN-poisoned wherever a kernel must not read.
+Tolerance: kernels.selfcheck.ATOL = 1e-5 (fp32; softmax-weighted means of O(1) rows over a
+few dozen terms differ between backends only by summation order -- observed <= 4e-7).
+"""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kernels.attention import attention, attention_ref
+from kernels.compressor import compress
+from kernels.selfcheck import (ATOL, attention_case, check_attention, check_compressor,
+                               check_indexer, compressor_case, indexer_case)
+
+FAST = settings(max_examples=12, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+DEEP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+reqs_st = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=2)
+attn_st = st.fixed_dictionaries(dict(
+    seed=st.integers(0, 2**16), mode=st.sampled_from(["swa", "sparse", "hca"]),
+    nh=st.sampled_from([1, 2, 4]), d=st.sampled_from([4, 8, 16]), bs=st.integers(1, 8),
+    cbs=st.integers(1, 5), window=st.integers(1, 12), reqs=reqs_st,
+    ratio=st.sampled_from([2, 4, 8]), top_k=st.integers(1, 5)))
+comp_st = st.fixed_dictionaries(dict(
+    seed=st.integers(0, 2**16), ratio_ov=st.sampled_from([(4, 4), (2, 2), (8, 0), (4, 0)]),
+    d=st.sampled_from([4, 8, 16]), cbs=st.integers(1, 5), start=st.integers(0, 40),
+    n_new=st.integers(1, 20)))
+idx_st = st.fixed_dictionaries(dict(
+    seed=st.integers(0, 2**16), ni=st.sampled_from([1, 2, 4]), di=st.sampled_from([4, 8]),
+    cbs=st.integers(1, 5), reqs=reqs_st, top_k=st.integers(1, 6), quant=st.booleans()))
+
+
+def _attn(p):
+    return check_attention(attention_case(**p))
+
+
+def _comp(p):
+    (ratio, ov), p = p["ratio_ov"], {k: v for k, v in p.items() if k != "ratio_ov"}
+    return check_compressor(compressor_case(ratio=ratio, overlap=ov, **p))
+
+
+def _idx(p):
+    return check_indexer(indexer_case(**p))
+
+
+@FAST
+@given(attn_st)
+def test_attention_matches_reference(p):
+    e = _attn(p)
+    assert e.max_abs_err <= ATOL, (p, e)
+
+
+@FAST
+@given(comp_st)
+def test_compressor_matches_reference(p):
+    e = _comp(p)
+    assert e.max_abs_err <= ATOL, (p, e)
+
+
+@FAST
+@given(idx_st)
+def test_indexer_matches_reference(p):
+    e = _idx(p)
+    assert e.max_abs_err <= ATOL, (p, e)
+
+
+def test_decode_long_window():
+    """W = 128 (V4's window) with a 16-row block: several window tiles per query."""
+    e = check_attention(attention_case(3, "swa", 4, 16, 16, 4, 128, [(300, 1), (129, 2)]))
+    assert e.max_abs_err <= ATOL
+
+
+@pytest.mark.parametrize("mode,ratio", [("swa", 4), ("sparse", 4), ("hca", 8)])
+def test_dot_path(mode, ratio):
+    """16 heads x 16 dims x 16-row tiles switch the kernel to tl.dot (ieee fp32)."""
+    c = attention_case(11, mode, 16, 16, 16, 4, 20, [(40, 3), (70, 2)], ratio, top_k=16)
+    assert check_attention(c).max_abs_err <= ATOL
+
+
+def test_harness_catches_a_wrong_window():
+    """A kernel reading one row past its window must not pass (NaN poison or value change)."""
+    c = attention_case(5, "swa", 2, 8, 4, 4, 6, [(20, 3)])
+    got = attention("swa", c["q"], c["swa_pool"], c["plan"], c["sink"], 7)
+    want = attention_ref("swa", c["q"], c["swa_pool"], None, c["plan"], c["sink"], 6)
+    assert not torch.allclose(got, want, atol=ATOL)
+
+
+def test_compressor_writes_only_its_entries():
+    """Exactly entries [j0, j1) are written; every other pool row stays NaN."""
+    c = compressor_case(7, 4, 4, 8, 2, 9, 6)     # only entry 2 closes in [9, 15)
+    assert check_compressor(c).max_abs_err <= ATOL
+    pool = c["pool"].clone()
+    compress(**{**c, "pool": pool})
+    written = {int(b) * pool.shape[1] + r for b, r in (~pool.isnan().all(-1)).nonzero().tolist()}
+    table = c["table"].tolist()
+    want = {table[j // 2] * 2 + j % 2 for j in range(c["j0"], c["j1"])}
+    assert (c["j0"], c["j1"]) == (2, 3) and written == want
+
+
+@pytest.mark.slow
+@DEEP
+@given(attn_st)
+def test_attention_deep(p):
+    assert _attn(p).max_abs_err <= ATOL
+
+
+@pytest.mark.slow
+@DEEP
+@given(comp_st)
+def test_compressor_deep(p):
+    assert _comp(p).max_abs_err <= ATOL
+
+
+@pytest.mark.slow
+@DEEP
+@given(idx_st)
+def test_indexer_deep(p):
+    assert _idx(p).max_abs_err <= ATOL

@@ -1,0 +1,127 @@
+"""Storage-backend protocol: a flat namespace of immutable, atomically published blobs.
+
+Contract for every backend:
+- ``put(name, parts)`` publishes the concatenation of ``parts`` under ``name`` atomically:
+  a reader sees either the previous complete blob, the new complete blob, or nothing --
+  never a prefix.  Any failure raises OSError and leaves no published partial blob.
+- ``open_read(name)`` returns a reader (``read_into(offset, buf) -> bytes read``, short at
+  the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, other
+  failures OSError.  Local readers read one file version even if it is replaced meanwhile.
+- ``size``/``names``/``remove``/``sweep_temp`` raise only OSError.  ``remove`` of a missing
+  name is not an error.  ``sweep_temp`` deletes leftovers of crashed writers, returns a count.
+Backends know nothing of headers or checksums; the tier verifies everything it reads.
+"""
+import errno
+import threading
+import time
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class StorageBackend(Protocol):
+    shared: bool    # True when other processes may publish into the same namespace
+
+    def put(self, name: str, parts: list) -> None: ...
+    def open_read(self, name: str): ...
+    def size(self, name: str) -> int: ...
+    def names(self) -> list: ...
+    def remove(self, name: str) -> None: ...
+    def sweep_temp(self) -> int: ...
+
+
+def read_exact(reader, offset, n):
+    """``n`` bytes at ``offset`` as a bytearray, or a short one when the blob ends early."""
+    buf = bytearray(n)
+    got = reader.read_into(offset, memoryview(buf))
+    return buf if got == n else buf[:got]
+
+
+def read_head(backend, name, n):
+    reader = backend.open_read(name)
+    try:
+        return read_exact(reader, 0, n)
+    finally:
+        reader.close()
+
+
+class Fault(Exception):
+    """Marker base for injected faults that are not OSErrors (a simulated process crash)."""
+
+
+class HookedBackend:
+    """Wraps any backend and calls ``hook(op, name)`` before each operation; the hook may
+    raise (OSError to inject EIO/ENOSPC) or sleep (to hold a load in flight).  Used by the
+    fault matrix instead of patching globals."""
+
+    def __init__(self, inner, hook):
+        self.inner, self.hook = inner, hook
+        self.shared = inner.shared
+
+    def put(self, name, parts):
+        self.hook("put", name)
+        return self.inner.put(name, parts)
+
+    def open_read(self, name):
+        self.hook("open", name)
+        return _HookedReader(self.inner.open_read(name), self.hook, name)
+
+    def size(self, name):
+        self.hook("size", name)
+        return self.inner.size(name)
+
+    def names(self):
+        self.hook("names", "")
+        return self.inner.names()
+
+    def remove(self, name):
+        self.hook("remove", name)
+        return self.inner.remove(name)
+
+    def sweep_temp(self):
+        return self.inner.sweep_temp()
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+class _HookedReader:
+    def __init__(self, inner, hook, name):
+        self.inner, self.hook, self.name = inner, hook, name
+
+    def read_into(self, offset, buf):
+        self.hook("read", self.name)
+        return self.inner.read_into(offset, buf)
+
+    def close(self):
+        self.inner.close()
+
+
+def fail_on(op, err=errno.EIO, times=1 << 30, after=0):
+    """A hook raising OSError(err) on the ``after``-th and following calls of ``op``."""
+    seen = [0]
+    lock = threading.Lock()
+
+    def hook(o, name):
+        if o != op:
+            return
+        with lock:
+            seen[0] += 1
+            n = seen[0]
+        if after < n <= after + times:
+            raise OSError(err, f"injected {errno.errorcode[err]} on {op}", name)
+    return hook
+
+
+def gate(op, event, timeout=10.0):
+    """A hook that blocks ``op`` until ``event`` is set (holds a load in flight)."""
+    def hook(o, name):
+        if o == op and not event.wait(timeout):
+            raise OSError(errno.ETIMEDOUT, "gate never opened", name)
+    return hook
+
+
+def slow(op, seconds):
+    def hook(o, name):
+        if o == op:
+            time.sleep(seconds)
+    return hook

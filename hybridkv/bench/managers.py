@@ -1,0 +1,197 @@
+"""Block-level cache managers behind the replay seam (see sim.replay).
+
+A manager is built by `factory(layout, capacity_blocks)` and has `serve(trace, req) -> Served`:
+one lookup + allocate + free of the request, returning what was reused. The runtime's
+CacheManager plugs in through an adapter with the same `serve`.
+
+`LRUManager`     vLLM-style single queue. On v4-mini every block keeps its own window and tails
+                 (a checkpoint at each block end), so one unit costs block + checkpoint bytes.
+`PolicyManager`  ours until the runtime exists: a prefix tree of blocks in a block pool and, for
+                 hybrid layouts, checkpoints (window + tails at H) in their own pool (per-kind
+                 pools: evicting for one kind never takes the other's bytes; evicting a block
+                 invalidates the checkpoint at its end). Hit at H = deepest checkpoint on the
+                 leading run of cached blocks (any block end for `full`). Only leaves (no cached
+                 children) that the running request does not use are offered to the policy.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from hybridkv.bench.baselines import LRUPrefixCache
+from hybridkv.bench.layouts import BLOCK, LayoutCost
+from hybridkv.policy import EntryMeta, ValuePolicy
+
+
+class Served(NamedTuple):
+    hit_blocks: int
+    hit_tokens: int
+    groups: dict              # group name -> hit tokens that group alone could give
+
+
+class LRUManager:
+    def __init__(self, layout: LayoutCost, capacity_blocks: int):
+        unit = layout.block_bytes + layout.checkpoint_bytes(BLOCK)
+        self.layout = layout
+        self.cache = LRUPrefixCache(capacity_blocks * layout.block_bytes // unit)
+
+    def serve(self, trace, req) -> Served:
+        k = self.cache.serve(trace.keys(req))
+        tok = sum(trace.block_tokens(req, i) for i in range(k))
+        return Served(k, tok, {"all": tok})
+
+
+def _tag(req, partial: bool) -> str:
+    # request features known when its blocks are freed; the policy learns reuse per tag
+    out = min(req.output_length.bit_length() // 2, 6)
+    return f"{'tail' if partial else 'mid'}/out{out}"
+
+
+class _Node:
+    __slots__ = ("parent", "children", "ckpt")
+
+    def __init__(self, parent):
+        self.parent = parent
+        self.children = 0
+        self.ckpt = False
+
+
+class PolicyManager:
+    def __init__(self, layout: LayoutCost, capacity_blocks: int,
+                 policy_factory: Callable = ValuePolicy, ckpt_fraction: float = 0.12,
+                 every_n: int = 4):
+        budget = capacity_blocks * layout.block_bytes
+        self.layout = layout
+        self.hybrid = layout.needs_checkpoint
+        frac = ckpt_fraction if self.hybrid else 0.0
+        self.ckpt_budget = int(budget * frac)
+        self.block_budget = budget - self.ckpt_budget
+        self.block_used = self.ckpt_used = 0
+        self.blocks = policy_factory()
+        self.ckpts = policy_factory()
+        self.nodes: dict = {}
+        self._ckpt_h: dict = {}               # key -> (H, bytes) of its checkpoint
+        self.pinned: set = set()
+        self.now = 0
+        self.every_n = every_n                # also checkpoint every N blocks, into free room only
+
+    # -- eviction -------------------------------------------------------------------------
+    def _drop_block(self, key, evicted: bool) -> None:
+        node = self.nodes.pop(key)
+        self.blocks.remove(key, evicted)
+        self.block_used -= self.layout.block_bytes
+        if node.ckpt:
+            self._drop_ckpt(key, False)
+        p = node.parent
+        if p is not None and p in self.nodes:
+            pn = self.nodes[p]
+            pn.children -= 1
+            if pn.children == 0 and p not in self.pinned:
+                self.blocks.eligible(p)
+
+    def _drop_ckpt(self, key, evicted: bool) -> None:
+        self.ckpts.remove(key, evicted)
+        self.ckpt_used -= self._ckpt_h.pop(key)[1]
+        node = self.nodes.get(key)
+        if node is None:
+            return
+        node.ckpt = False
+        # blocks past the last checkpoint of a branch can no longer be resumed from: prune
+        while (evicted and node is not None and node.children == 0 and not node.ckpt
+               and key not in self.pinned):
+            parent = node.parent
+            self._drop_block(key, False)
+            key, node = parent, self.nodes.get(parent)
+
+    def _room(self, pool: str, nbytes: int) -> bool:
+        if pool == "block":
+            while self.block_used + nbytes > self.block_budget:
+                v = self.blocks.victim()
+                if v is None:
+                    return False
+                self._drop_block(v, True)
+        else:
+            while self.ckpt_used + nbytes > self.ckpt_budget:
+                v = self.ckpts.victim()
+                if v is None:
+                    return False
+                self._drop_ckpt(v, True)
+        return True
+
+    # -- serve ----------------------------------------------------------------------------
+    def serve(self, trace, req) -> Served:
+        self.now += 1
+        keys = trace.keys(req)
+        bs = trace.block_size
+        nodes, lay = self.nodes, self.layout
+        n = len(keys)
+        chain = 0
+        hit = 0
+        for i, k in enumerate(keys):
+            node = nodes.get(k)
+            if node is None:
+                break
+            chain = i + 1
+            if not self.hybrid or node.ckpt:
+                hit = i + 1
+        chain_tok = sum(trace.block_tokens(req, i) for i in range(chain))
+        hit_tok = sum(trace.block_tokens(req, i) for i in range(hit))
+        pinned = self.pinned
+        for k in keys:                              # lookup taken: pin and touch what exists
+            if k in nodes:
+                pinned.add(k)
+                self.blocks.access(k, self.now)
+                self.blocks.ineligible(k)
+        if hit and self.hybrid:                     # the checkpoint resumed from is pinned too
+            self.ckpts.access(keys[hit - 1], self.now)
+            self.ckpts.ineligible(keys[hit - 1])
+        parent = None
+        for i, k in enumerate(keys):                # allocate what is missing, in chain order
+            if k not in nodes:
+                if not self._room("block", lay.block_bytes):
+                    break
+                if parent is not None and parent not in nodes:
+                    break
+                nodes[k] = _Node(parent)
+                if parent is not None:
+                    nodes[parent].children += 1
+                start, t = i * bs, trace.block_tokens(req, i)
+                self.blocks.admit(EntryMeta(k, "block", lay.block_bytes,
+                                            lay.span_flops(start, start + t),
+                                            _tag(req, t < bs)), self.now)
+                self.block_used += lay.block_bytes
+                pinned.add(k)
+            parent = k
+        if self.hybrid:
+            full = req.input_length // bs
+            for i in self.ckpts.checkpoints(n, chain, full):
+                self._add_ckpt(keys[i], (i + 1) * bs, "branch" if i < full - 1 else "end")
+            if self.every_n:
+                for i in range(self.every_n - 1, full - 1, self.every_n):
+                    self._add_ckpt(keys[i], (i + 1) * bs, "periodic", evict=False)
+        if hit and self.hybrid and keys[hit - 1] in self._ckpt_h:
+            self.ckpts.eligible(keys[hit - 1])
+        for k in keys:                              # free: unpin
+            if k in pinned:
+                pinned.discard(k)
+                node = nodes.get(k)
+                if node is not None and node.children == 0:
+                    self.blocks.eligible(k)
+        groups = {"compressed": chain_tok, "window+tail": hit_tok} if self.hybrid else \
+            {"all": hit_tok}
+        return Served(hit, hit_tok, groups)
+
+    def _add_ckpt(self, key, h: int, tag: str, evict: bool = True) -> None:
+        node = self.nodes.get(key)
+        if node is None or node.ckpt:
+            return
+        nbytes = self.layout.checkpoint_bytes(h)
+        if not evict and self.ckpt_used + nbytes > self.ckpt_budget:
+            return
+        if not self._room("ckpt", nbytes) or key not in self.nodes:
+            return
+        self._ckpt_h[key] = (h, nbytes)
+        node.ckpt = True
+        self.ckpt_used += nbytes
+        self.ckpts.admit(EntryMeta(key, "checkpoint", nbytes, self.layout.prefix_flops(h), tag),
+                         self.now)
+        self.ckpts.eligible(key)

@@ -1,0 +1,220 @@
+"""Serving traces for replay: a Mooncake-format JSONL reader and a synthetic generator.
+
+A trace is a list of `Request`s in arrival order. `hash_ids` are prefix-chained block ids: an id
+names the whole prefix up to and including its block, so equal ids at the same position of two
+requests mean a shareable prefix (Mooncake FAST'25 format, 512-token blocks). `tenant` salts the
+ids of a request; ids of different tenants never collide in `Trace.keys()`.
+
+Token expansion (`block_tokens`) is deterministic: blake2b over (tenant, id, counter) -> token ids
+in [0, vocab), so equal (tenant, id) always give equal tokens and the runtime can be fed real
+token lists.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Sequence
+
+DEFAULT_BLOCK_SIZE = 512
+DEFAULT_VOCAB = 32_000
+
+
+class TraceFormatError(ValueError):
+    """A trace line or argument is malformed. Carries `line_no` (1-based, 0 if not a line) and
+    the offending `value`."""
+
+    def __init__(self, message: str, value: object = None, line_no: int = 0):
+        where = f"line {line_no}: " if line_no else ""
+        super().__init__(f"{where}{message}: {value!r}"[:500])
+        self.value = value
+        self.line_no = line_no
+
+
+class Request(NamedTuple):
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A named, ordered list of requests over blocks of `block_size` tokens."""
+    name: str
+    requests: tuple
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def keys(self, req: Request) -> tuple:
+        """Cache keys of a request's blocks: the ids, salted by tenant when there is one."""
+        if not req.tenant:
+            return req.hash_ids
+        return tuple((req.tenant, h) for h in req.hash_ids)
+
+    def block_tokens(self, req: Request, i: int) -> int:
+        """Number of prompt tokens in block i of `req` (the last block is usually partial)."""
+        return min(self.block_size, req.input_length - i * self.block_size)
+
+    def head(self, n: int | None) -> "Trace":
+        if n is None:
+            return self
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TraceFormatError("limit must be a non-negative int", n)
+        return Trace(self.name, self.requests[:n], self.block_size)
+
+
+def _check_int(obj: dict, key: str, line_no: int, minimum: int = 0) -> int:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise TraceFormatError(f"field {key!r} must be an int >= {minimum}", v, line_no)
+    return v
+
+
+def parse_request(line: str, line_no: int = 0, block_size: int = DEFAULT_BLOCK_SIZE) -> Request:
+    """One Mooncake JSONL line -> Request. Raises TraceFormatError on any malformed field,
+    including len(hash_ids) != ceil(input_length / block_size)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError("not JSON", line.strip()[:80], line_no) from e
+    if not isinstance(obj, dict):
+        raise TraceFormatError("line is not a JSON object", obj, line_no)
+    ts = _check_int(obj, "timestamp", line_no)
+    n_in = _check_int(obj, "input_length", line_no, minimum=1)
+    n_out = _check_int(obj, "output_length", line_no)
+    ids = obj.get("hash_ids")
+    if not isinstance(ids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids):
+        raise TraceFormatError("hash_ids must be a list of non-negative ints", ids, line_no)
+    if len(ids) != math.ceil(n_in / block_size):
+        raise TraceFormatError(
+            f"len(hash_ids)={len(ids)} != ceil(input_length={n_in} / {block_size})", ids, line_no)
+    tenant = obj.get("tenant", "")
+    if not isinstance(tenant, str):
+        raise TraceFormatError("tenant must be a string", tenant, line_no)
+    return Request(ts, n_in, n_out, tuple(ids), tenant)
+
+
+def _open_text(path: str):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, "rt", encoding="utf-8")
+
+
+def iter_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE,
+                  limit: int | None = None) -> Iterator[Request]:
+    """Yield requests from a Mooncake-format JSONL file, plain or gzip (detected by magic bytes,
+    not by the file name). Blank lines are skipped. Timestamps must not decrease."""
+    last_ts = -1
+    n = 0
+    with _open_text(path) as f:
+        try:
+            for line_no, line in enumerate(f, 1):
+                if limit is not None and n >= limit:
+                    return
+                if not line.strip():
+                    continue
+                req = parse_request(line, line_no, block_size)
+                if req.timestamp_ms < last_ts:
+                    raise TraceFormatError("timestamps must not decrease", req.timestamp_ms,
+                                           line_no)
+                last_ts = req.timestamp_ms
+                n += 1
+                yield req
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise TraceFormatError("unreadable trace file", path) from e
+
+
+def read_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE,
+                  limit: int | None = None) -> Trace:
+    """Read a whole Mooncake-format trace; see `iter_mooncake`."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise TraceFormatError("limit must be a non-negative int", limit)
+    name = path.rsplit("/", 1)[-1].split(".")[0]
+    return Trace(name, tuple(iter_mooncake(path, block_size, limit)), block_size)
+
+
+def block_token_ids(hash_id: int, tenant: str = "", n: int = DEFAULT_BLOCK_SIZE,
+                    vocab: int = DEFAULT_VOCAB) -> list:
+    """Deterministic token ids for one block: blake2b(tenant, id, counter) in counter mode, four
+    bytes per token, reduced mod vocab. Equal (tenant, id) -> equal tokens."""
+    if vocab < 2 or n < 0:
+        raise TraceFormatError("need vocab >= 2 and n >= 0", (vocab, n))
+    out: list = []
+    seed = f"{tenant}\x00{hash_id}".encode()
+    ctr = 0
+    while len(out) < n:
+        d = hashlib.blake2b(seed + ctr.to_bytes(4, "little"), digest_size=64,
+                            person=b"hybridkv-trace").digest()
+        out.extend(int.from_bytes(d[k:k + 4], "little") % vocab for k in range(0, 64, 4))
+        ctr += 1
+    return out[:n]
+
+
+def request_token_ids(trace: Trace, req: Request, vocab: int = DEFAULT_VOCAB) -> list:
+    """The full prompt of `req` as token ids (last block truncated to input_length)."""
+    toks: list = []
+    for i, h in enumerate(req.hash_ids):
+        toks.extend(block_token_ids(h, req.tenant, trace.block_tokens(req, i), vocab))
+    return toks
+
+
+def synthetic_trace(num_requests: int = 2000, seed: int = 0, tenants: int = 4,
+                    block_size: int = DEFAULT_BLOCK_SIZE, rate_per_s: float = 4.0,
+                    system_blocks: Sequence[int] = (2, 4, 8), mean_turns: float = 4.0,
+                    active: int = 64) -> Trace:
+    """Multi-turn, multi-tenant generator. Each tenant has a few system prompts (shared prefixes
+    of `system_blocks` blocks); a conversation picks one, and each turn's prompt is the previous
+    prompt + previous output + a new user message, so its leading full blocks repeat the previous
+    turn's ids. `active` conversations interleave; arrivals are Poisson. Deterministic in `seed`."""
+    if num_requests < 0 or tenants < 1 or block_size < 1 or active < 1 or rate_per_s <= 0:
+        raise TraceFormatError("bad synthetic_trace arguments",
+                               (num_requests, tenants, block_size, active, rate_per_s))
+    rng = random.Random(seed)
+    next_id = [0]
+
+    def fresh(k: int) -> list:
+        ids = list(range(next_id[0], next_id[0] + k))
+        next_id[0] += k
+        return ids
+
+    systems = {t: [fresh(b) for b in system_blocks] for t in range(tenants)}
+    convs: list = []
+    reqs: list = []
+    t_ms = 0.0
+    while len(reqs) < num_requests:
+        t_ms += rng.expovariate(rate_per_s) * 1000.0
+        if len(convs) < active or rng.random() < 0.05:
+            tenant = rng.randrange(tenants)
+            sys_ids = rng.choice(systems[tenant])
+            conv = {"tenant": tenant, "ids": list(sys_ids), "len": len(sys_ids) * block_size,
+                    "turns": 1 + int(rng.expovariate(1.0 / mean_turns))}
+            if len(convs) >= active:
+                convs.pop(rng.randrange(len(convs)))
+            convs.append(conv)
+        else:
+            conv = rng.choice(convs)
+        user = max(1, int(rng.lognormvariate(6.5, 1.0)))
+        n_in = conv["len"] + user
+        keep = conv["len"] // block_size          # full blocks of the previous prompt are shared
+        ids = conv["ids"][:keep] + fresh(math.ceil(n_in / block_size) - keep)
+        n_out = max(1, int(rng.lognormvariate(5.0, 0.8)))
+        reqs.append(Request(int(t_ms), n_in, n_out, tuple(ids), f"tenant{conv['tenant']}"))
+        conv["turns"] -= 1
+        if conv["turns"] <= 0:
+            convs.remove(conv)
+        else:
+            # the next prompt continues this one; its output extends the shared text
+            conv["len"] = n_in + n_out
+            conv["ids"] = ids[:n_in // block_size] + fresh(
+                math.ceil((n_in + n_out) / block_size) - n_in // block_size)
+    return Trace(f"synthetic-s{seed}", tuple(reqs), block_size)

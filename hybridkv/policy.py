@@ -1,0 +1,187 @@
+"""Pluggable eviction and retention policy for the cache manager (no torch, abstract metadata).
+
+The manager owns the data and its structure; the policy only orders what may go. Protocol:
+  admit(meta, now)   a new entry exists (not yet evictable)
+  access(key, now)   the entry was used by a request (a hit, or re-demanded)
+  eligible(key)      it may be evicted now (unpinned, and for a block: no cached children)
+  ineligible(key)    it may not (pinned, or gained a cached child)
+  victim()           the eligible key to evict next, or None; does not remove it
+  remove(key, evicted=True)   the entry is gone (evicted, or invalidated when evicted=False)
+  checkpoints(n_blocks, chain_blocks, full_blocks)   which block ends to keep checkpoints at
+One policy instance serves one pool (one object kind): state routing stays with the manager.
+
+`ValuePolicy` (the default) is greedy-dual over expected FLOPs saved per byte:
+  priority = clock + p(class) * (flops / nbytes) ** flops_weight
+where `clock` is the priority of the last victim (so old entries age out: recency), flops_weight
+(default 0.25) damps the FLOPs term (1 = plain GDSF cost/size, 0 = reuse only; a hit-rate vs
+FLOPs-saved trade-off: on Mooncake 0.25 costs about 1% hit rate), and p(class) is the reuse probability of the
+entry's class learned online: class = (kind, tag, min(uses, 3)); p = (uses that moved an entry out
+of the class + 1) / (entries that entered it + 2). The trace teaches, e.g., that a request's last
+(partial) block is rarely reused and that a block used twice is likely used again.
+
+Retention (Marconi-style): keep checkpoints at the branch point (the end of the cached prefix a
+request extends, when it extends it) and at the request's end (its last full block).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Hashable, NamedTuple, Protocol, runtime_checkable
+
+MAX_USES_CLASS = 3
+
+
+class PolicyError(KeyError):
+    """An unknown or duplicate key was passed to a policy. Carries `value`."""
+
+    def __init__(self, message: str, value):
+        super().__init__(f"{message}: {value!r}")
+        self.value = value
+
+
+class EntryMeta(NamedTuple):
+    key: Hashable
+    kind: str                 # "block" or "checkpoint"
+    nbytes: int
+    flops: float              # FLOPs a hit through this entry saves
+    tag: str = ""             # e.g. "tail" (a request's last, partial block), "branch", "end"
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    def admit(self, meta: EntryMeta, now: float) -> None: ...
+    def access(self, key: Hashable, now: float) -> None: ...
+    def eligible(self, key: Hashable) -> None: ...
+    def ineligible(self, key: Hashable) -> None: ...
+    def victim(self) -> Hashable | None: ...
+    def remove(self, key: Hashable, evicted: bool = True) -> None: ...
+    def checkpoints(self, n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple: ...
+    def __len__(self) -> int: ...
+
+
+def marconi_checkpoints(n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple:
+    """Block indices whose end keeps a checkpoint: the branch point (chain_blocks - 1, when the
+    request extends a cached prefix past it) and the request end (full_blocks - 1)."""
+    out = []
+    if 0 < chain_blocks < n_blocks:
+        out.append(chain_blocks - 1)
+    if full_blocks > 0 and full_blocks - 1 not in out:
+        out.append(full_blocks - 1)
+    return tuple(out)
+
+
+@dataclass
+class _Entry:
+    meta: EntryMeta
+    uses: int = 0
+    prio: float = 0.0
+    seq: int = -1             # seq of its live heap record; -1 = not eligible
+
+
+class ValuePolicy:
+    """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
+
+    def __init__(self, learn: bool = True, flops_weight: float = 0.25):
+        self.learn = learn
+        self.flops_weight = flops_weight
+        self.clock = 0.0
+        self._e: dict = {}
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._entered: dict = {}
+        self._moved: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._e)
+
+    def __contains__(self, key) -> bool:
+        return key in self._e
+
+    def _cls(self, e: _Entry) -> tuple:
+        return (e.meta.kind, e.meta.tag, min(e.uses, MAX_USES_CLASS))
+
+    def reuse_probability(self, cls: tuple) -> float:
+        if not self.learn:
+            return 1.0
+        return (self._moved.get(cls, 0) + 1.0) / (self._entered.get(cls, 0) + 2.0)
+
+    def _value(self, e: _Entry) -> float:
+        m = e.meta
+        per_byte = max(m.flops, 0.0) / max(m.nbytes, 1)
+        return self.reuse_probability(self._cls(e)) * per_byte ** self.flops_weight
+
+    def _get(self, key) -> _Entry:
+        e = self._e.get(key)
+        if e is None:
+            raise PolicyError("unknown key", key)
+        return e
+
+    def _enter(self, e: _Entry) -> None:
+        c = self._cls(e)
+        self._entered[c] = self._entered.get(c, 0) + 1
+        e.prio = self.clock + self._value(e)
+        if e.seq >= 0:
+            self.eligible(e.meta.key)
+
+    def admit(self, meta: EntryMeta, now: float = 0.0) -> None:
+        if meta.key in self._e:
+            raise PolicyError("duplicate key", meta.key)
+        e = _Entry(meta)
+        self._e[meta.key] = e
+        self._enter(e)
+
+    def access(self, key, now: float = 0.0) -> None:
+        e = self._get(key)
+        if e.uses < MAX_USES_CLASS:
+            c = self._cls(e)
+            self._moved[c] = self._moved.get(c, 0) + 1
+            e.uses += 1
+            self._enter(e)
+        else:                 # a saturated class re-enters itself: count both sides
+            c = self._cls(e)
+            self._moved[c] = self._moved.get(c, 0) + 1
+            self._enter(e)
+
+    def eligible(self, key) -> None:
+        e = self._get(key)
+        e.seq = next(self._seq)
+        heapq.heappush(self._heap, (e.prio, e.seq, key))
+
+    def ineligible(self, key) -> None:
+        self._get(key).seq = -1
+
+    def victim(self):
+        heap = self._heap
+        while heap:
+            prio, seq, key = heap[0]
+            e = self._e.get(key)
+            if e is not None and e.seq == seq:
+                return key
+            heapq.heappop(heap)
+        return None
+
+    def remove(self, key, evicted: bool = True) -> None:
+        e = self._e.pop(key, None)
+        if e is None:
+            raise PolicyError("unknown key", key)
+        if evicted and e.prio > self.clock:
+            self.clock = e.prio   # greedy-dual aging: everything left now sits closer to eviction
+        if len(self._heap) > 4 * len(self._e) + 64:
+            self._heap = [(x.prio, x.seq, k) for k, x in self._e.items() if x.seq >= 0]
+            heapq.heapify(self._heap)
+
+    def checkpoints(self, n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple:
+        return marconi_checkpoints(n_blocks, chain_blocks, full_blocks)
+
+
+class LRUPolicy(ValuePolicy):
+    """Plain recency through the same protocol (for comparison): every entry has equal value."""
+
+    def _value(self, e: _Entry) -> float:
+        return 0.0
+
+    def _enter(self, e: _Entry) -> None:
+        e.prio = float(next(self._seq))
+        if e.seq >= 0:
+            self.eligible(e.meta.key)

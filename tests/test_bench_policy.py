@@ -1,0 +1,130 @@
+"""The eviction/retention policy, the policy manager's invariants, and the replay CLI."""
+import json
+import random
+
+import pytest
+
+from hybridkv.bench.layouts import FULL, V4_MINI, UnknownLayoutError, get_layout
+from hybridkv.bench.managers import PolicyManager
+from hybridkv.bench.sim import compare, replay
+from hybridkv.bench.traces import synthetic_trace
+from hybridkv.cli import main
+from hybridkv.policy import (EntryMeta, EvictionPolicy, LRUPolicy, PolicyError, ValuePolicy,
+                             marconi_checkpoints)
+
+
+def _meta(k, flops=1.0, nbytes=1, tag=""):
+    return EntryMeta(k, "block", nbytes, flops, tag)
+
+
+def test_protocol_and_unknown_keys():
+    p = ValuePolicy()
+    assert isinstance(p, EvictionPolicy) and isinstance(LRUPolicy(), EvictionPolicy)
+    p.admit(_meta("a"))
+    with pytest.raises(PolicyError):
+        p.admit(_meta("a"))
+    for call in (p.access, p.eligible, p.ineligible, p.remove):
+        with pytest.raises(PolicyError):
+            call("zz")
+    assert len(p) == 1 and p.victim() is None      # admitted but never made eligible
+
+
+def test_value_orders_victims_by_flops_per_byte_and_learned_reuse():
+    p = ValuePolicy(flops_weight=1.0)
+    p.admit(_meta("cheap", flops=1.0, nbytes=10))
+    p.admit(_meta("dear", flops=100.0, nbytes=10))
+    p.eligible("cheap"), p.eligible("dear")
+    assert p.victim() == "cheap"
+    p.ineligible("cheap")
+    assert p.victim() == "dear"
+    q = ValuePolicy(flops_weight=0.0)
+    for i in range(50):                           # "tail" entries are never reused ...
+        q.admit(_meta(("t", i), tag="tail"))
+        q.admit(_meta(("m", i), tag="mid"))
+        q.access(("m", i))                        # ... "mid" ones always are
+    assert q.reuse_probability(("block", "tail", 0)) < 0.1
+    assert q.reuse_probability(("block", "mid", 0)) > 0.9
+    q.admit(_meta("new-mid", tag="mid"))
+    q.admit(_meta("new-tail", tag="tail"))
+    q.eligible("new-mid"), q.eligible("new-tail")
+    assert q.victim() == "new-tail"
+
+
+def test_lru_policy_is_recency_and_clock_ages():
+    p = LRUPolicy()
+    for k in "abc":
+        p.admit(_meta(k))
+        p.eligible(k)
+    p.access("a")
+    p.eligible("a")
+    assert p.victim() == "b"
+    p.remove("b")
+    assert p.victim() == "c"
+
+
+def test_marconi_checkpoints():
+    assert marconi_checkpoints(10, 3, 9) == (2, 8)   # branch after 3 cached blocks, end
+    assert marconi_checkpoints(10, 0, 10) == (9,)     # nothing cached: end only
+    assert marconi_checkpoints(4, 4, 4) == (3,)       # fully cached: no branch
+    assert marconi_checkpoints(1, 0, 0) == ()         # one partial block: nothing full
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_policy_manager_invariants(seed):
+    rng = random.Random(seed)
+    tr = synthetic_trace(200, seed=seed, active=rng.randint(2, 20))
+    for layout in (FULL, V4_MINI):
+        cap = rng.randint(20, 400)
+        m = PolicyManager(layout, cap)
+        for r in tr.requests:
+            s = m.serve(tr, r)
+            assert m.block_used + m.ckpt_used <= cap * layout.block_bytes
+            assert m.block_used == len(m.nodes) * layout.block_bytes
+            assert len(m.blocks) == len(m.nodes) and not m.pinned
+            for k, node in m.nodes.items():          # every cached block's parent is cached
+                assert node.parent is None or node.parent in m.nodes
+            keys = tr.keys(r)
+            assert s.hit_blocks <= len(keys)
+            if layout.needs_checkpoint:
+                assert s.groups["window+tail"] <= s.groups["compressed"]
+                if s.hit_blocks:                     # a hybrid hit needs a checkpoint there
+                    assert m.nodes.get(keys[s.hit_blocks - 1]) is None or \
+                        keys[s.hit_blocks - 1] in m._ckpt_h
+
+
+def test_ours_beats_lru_on_synthetic_multi_turn():
+    tr = synthetic_trace(1500, seed=1)
+    for layout in (FULL, V4_MINI):
+        r = compare(tr, layout, 800)
+        assert r["ours"]["hit_rate"] > r["lru"]["hit_rate"]
+        assert r["belady"]["block_hit_rate"] >= r["ours"]["block_hit_rate"]
+        assert r["ours"]["recomputed_tokens"] == r["ours"]["total_tokens"] - r["ours"]["hit_tokens"]
+        assert 0 < r["ours"]["flops_saved"] < r["ours"]["flops_total"]
+
+
+def test_layout_costs():
+    assert FULL.block_bytes == 512 * 8 * 64 * 4 and FULL.checkpoint_bytes(512) == 0
+    assert V4_MINI.block_bytes == 150528 and V4_MINI.checkpoint_bytes(512) == 271360
+    assert V4_MINI.prefix_flops(4096) < FULL.prefix_flops(4096)
+    assert FULL.span_flops(0, 512) < FULL.span_flops(512, 1024)   # attention grows with depth
+    with pytest.raises(UnknownLayoutError):
+        get_layout("v5")
+
+
+def test_cli_replay_json_and_plot(tmp_path, capsys):
+    png = tmp_path / "hr.png"
+    rc = main(["replay", "synthetic", "--json", "--limit", "150", "--capacity-blocks", "300",
+               "--synthetic-requests", "150", "--plot", str(png), "--no-progress"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert {"ours", "lru", "belady", "trace", "capacity_blocks", "layout"} <= set(out)
+    assert out["capacity_blocks"] == 300 and out["requests"] == 150
+    assert {"hit_rate", "ops_per_s", "latency_us"} <= set(out["ours"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_bad_input_exit_2(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "missing.jsonl"), "--json"]) == 2
+    assert "TraceFormatError" in json.loads(capsys.readouterr().out)["error"]
+    assert main(["replay", "synthetic", "--capacity-blocks", "-3", "--json"]) == 2
+    assert "CapacityError" in json.loads(capsys.readouterr().out)["error"]

@@ -5,6 +5,15 @@ import importlib
 _EXPORTS = {
     "V4Mini": "hybridkv.model",
     "DiskTier": "hybridkv.disk",
+    "ModelLayout": "hybridkv.layout",
+    "LayerGroup": "hybridkv.layout",
+    "CacheManager": "hybridkv.manager",
+    "Allocation": "hybridkv.manager",
+    "HitPlan": "hybridkv.lookup",
+    "Rejection": "hybridkv.lookup",
+    **{name: "hybridkv.errors" for name in (
+        "AdmissionRefused", "BadTokens", "BadSalt", "UnknownRequest", "CommitPastAllocation",
+        "RequestBusy", "DraftsPending", "StaleRead", "InvariantViolation")},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,5 +1,4 @@
 """Request and graph actions: lookup -> pin -> launch -> release, capture and replay."""
-from spec import common
 from spec.dual import And, Eq, If, Select, Store
 from spec.state import HELD, IDLE, KINDS, LOOKED, RUNNING, refs_of  # noqa: F401
 from spec.system import (G, R, REFS, P, _all_refs, _eps_now, _req, action, can_capture,
@@ -21,7 +20,7 @@ def lookup(s, c, r, ref, H):
 
 @action(R)
 def pin(s, c, r):
-    en, s2 = _all_refs(s, c, r, "pin", common.pin)
+    en, s2 = _all_refs(s, c, r, "pin")
     return And(can_pin(s, c, r), en), _req(s2, r, ph=HELD)
 
 
@@ -32,7 +31,7 @@ def launch(s, c, r):
 
 @action(R)
 def release(s, c, r):
-    en, s2 = _all_refs(s, c, r, "unpin", common.unpin)
+    en, s2 = _all_refs(s, c, r, "unpin")
     return And(can_release(s, c, r), en), _req(s2, r, **_IDLE)
 
 

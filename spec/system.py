@@ -7,9 +7,9 @@ TOCTOU re-check, routing and topology.
 """
 import itertools
 
-from spec import common, indexer, swa
+from spec.effects import EFFECTS
 from spec.common import readable
-from spec.dual import And, Eq, If, Or, Select, Store
+from spec.dual import And, Or, Select, Store
 from spec.funnel import can_hit_aligned, can_hit_groups, can_read_pinned, can_replay
 from spec.state import (DISK, HELD, IDLE, KIND_MODULES, KINDS, LOOKED, MACHINES, RUNNING,
                         ctx, inflight, refs_of)
@@ -36,11 +36,11 @@ REFS = lambda c: list(itertools.product(range(c.n_obj), repeat=len(KINDS)))  # n
 FAULTS = lambda c: range(c.n_faults)      # noqa: E731
 
 
-def _mem(s, c, k, i, event, effect=lambda o, cx: o, *args):
+def _mem(s, c, k, i, event, *args):
     cx = ctx(s, c)
     o = Select(s.mem[k], i)
     en, st = fire(MACHINES[k], event, o.st, o, cx)
-    new = effect(o, cx, *args)._replace(st=st)
+    new = EFFECTS[event](o, cx, *args)._replace(st=st)
     return en, s._replace(mem=Store(s.mem, k, Store(s.mem[k], i, new)))
 
 
@@ -54,10 +54,10 @@ def _req(s, r, **fields):
     return s._replace(req=Store(s.req, r, Select(s.req, r)._replace(**fields)))
 
 
-def _all_refs(s, c, r, event, effect):
+def _all_refs(s, c, r, event):
     ens, s2 = [], s
     for k in range(len(KINDS)):
-        en, s2 = _mem(s2, c, k, Select(s.req, r).ref[k], event, effect)
+        en, s2 = _mem(s2, c, k, Select(s.req, r).ref[k], event)
         ens.append(en)
     return And(*ens), s2
 
@@ -131,34 +131,34 @@ def _eps_now(s, ref):
 # ---- actions on one memory object ------------------------------------------------------
 @action(K, O, P)
 def write(s, c, k, i, p):
-    en, s2 = _mem(s, c, k, i, "write", common.write, p)
+    en, s2 = _mem(s, c, k, i, "write", p)
     return And(en, can_admit(s, c)), s2
 
 
 @action(K, O, P)
 def draft(s, c, k, i, p):
-    en, s2 = _mem(s, c, k, i, "draft", common.write, p, 1)
+    en, s2 = _mem(s, c, k, i, "draft", p, 1)
     return And(en, can_admit(s, c)), s2
 
 
-def _object_action(event, effect=lambda o, cx: o):
+def _object_action(event):
     def act(s, c, k, i):
-        return _mem(s, c, k, i, event, effect)
+        return _mem(s, c, k, i, event)
     act.__name__ = event
     return action(K, O)(act)
 
 
-fill = _object_action("fill", common.fill)
-accept = _object_action("accept", common.accept)
-reject = _object_action("reject", common.discard)
+fill = _object_action("fill")
+accept = _object_action("accept")
+reject = _object_action("reject")
 seal = _object_action("seal")
-relocate = _object_action("relocate", common.relocate)
-evict = _object_action("evict", common.evict)
+relocate = _object_action("relocate")
+evict = _object_action("evict")
 
 
 @action(O)
 def slide(s, c, i):
-    return _mem(s, c, SWA, i, "slide", swa.slide)
+    return _mem(s, c, SWA, i, "slide")
 
 
 @action(O)
@@ -168,7 +168,7 @@ def mark_stale(s, c, i):
 
 @action(O)
 def drop_stale(s, c, i):
-    return _mem(s, c, IDX, i, "drop_stale", common.evict)
+    return _mem(s, c, IDX, i, "drop_stale")
 
 
 @action()

@@ -13,7 +13,7 @@ def spill_start(s, c, d, k, i):
     a, b, x = common.content(o)
     en_d, s2 = _disk(s, c, d, "spill_start", kind=k, a=a, b=b, x=x, ver=o.ver, hdr=1, ck=1,
                      abi=c.kabi, off=0, tk=k, obj=i)
-    en_m, s3 = _mem(s2, c, k, i, "pin", common.pin)
+    en_m, s3 = _mem(s2, c, k, i, "pin")
     return And(en_d, en_m, can_admit(s, c)), s3
 
 
@@ -28,22 +28,22 @@ def _payload(rec, n):
     return ((rec.a, rec.b, rec.x)[:n],)
 
 
-def _finish(event, mem_event, mem_effect, args_of=_no_args, **disk_fields):
+def _finish(event, mem_event, args_of=_no_args, **disk_fields):
     def act(s, c, d, k):
         rec = Select(s.disk, d)
         en_d, s2 = _disk(s, c, d, event, **disk_fields)
         args = args_of(rec, len(s.mem[k][0].CONTENT))
-        en_m, s3 = _mem(s2, c, k, rec.obj, mem_event, mem_effect, *args)
+        en_m, s3 = _mem(s2, c, k, rec.obj, mem_event, *args)
         return And(can_disk_target(s, c, d, k), en_d, en_m), s3
     act.__name__ = event
     return action(D, K)(act)
 
 
-spill_done = _finish("spill_done", "unpin", common.unpin)
-spill_crash = _finish("spill_crash", "unpin", common.unpin, **_BLANK)
-load_ok = _finish("load_ok", "load_ok", common.load_ok, _payload)
-load_bad = _finish("load_bad", "load_bad", common.discard)
-load_cancel = _finish("load_cancel", "load_bad", common.discard)
+spill_done = _finish("spill_done", "unpin")
+spill_crash = _finish("spill_crash", "unpin", **_BLANK)
+load_ok = _finish("load_ok", "load_ok", _payload)
+load_bad = _finish("load_bad", "load_bad")
+load_cancel = _finish("load_cancel", "load_bad")
 
 
 @action(D, FAULTS)
@@ -59,7 +59,7 @@ def damage(s, c, d, f):
 @action(D, K, O)
 def load_start(s, c, d, k, i):
     en_d, s2 = _disk(s, c, d, "load_start", tk=k, obj=i)
-    en_m, s3 = _mem(s2, c, k, i, "load_start", common.discard)
+    en_m, s3 = _mem(s2, c, k, i, "load_start")
     return And(can_load_start(s, c, d, k), en_d, en_m), s3
 
 

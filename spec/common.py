@@ -1,10 +1,8 @@
 """What the four in-memory object kinds share: state values, pin/version/epoch fields,
 their guards and effects.  Kind files add their content fields and readiness rule."""
-from spec.dual import Div, If, Max, Or
+from spec.dual import Div, Max, Or
 
 FREE, WRITING, READY, PINNED, LOADING, STALE = range(6)
-READABLE = (READY, PINNED)
-COMMON_FIELDS = ("st", "ver", "pins", "ep", "draft")
 
 
 def readable(st):
@@ -73,11 +71,6 @@ def content(o):
     """The kind's content fields padded to the 3-slot disk payload."""
     vals = tuple(getattr(o, f) for f in o.CONTENT)
     return vals + (0,) * (3 - len(vals))
-
-
-def If_rec(cond, a, b):
-    """Field-wise If over two records of one type."""
-    return type(a)(*[If(cond, x, y) for x, y in zip(a, b)])
 
 
 def memory_machine(name, module, doc, can_seal, extra=lambda states: {}):

@@ -2,7 +2,7 @@
 from typing import NamedTuple
 
 from spec import compressed, indexer, swa, tail
-from spec.common import LOADING, PINNED, WRITING
+from spec.common import WRITING
 from spec.config import Ctx
 from spec.disk import DiskPrefixMachine, DiskRec
 from spec.dual import And, Count, Or, Select
@@ -72,7 +72,3 @@ def holders(s, k, i):
 
 def loaders(s, k, i):
     return Count(And(d.st == D_LOADING, d.tk == k, d.obj == i) for d in s.disk)
-
-
-def pinned_or_loading(o):
-    return Or(o.st == PINNED, o.st == LOADING)

@@ -82,9 +82,11 @@ class _Entry:
 class ValuePolicy:
     """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
 
-    def __init__(self, learn: bool = True, flops_weight: float = 0.25):
+    def __init__(self, learn: bool = True, flops_weight: float = 0.25, recency: float = 0.0):
         self.learn = learn
         self.flops_weight = flops_weight
+        self.recency = recency
+        self._now = 0.0
         self.clock = 0.0
         self._e: dict = {}
         self._heap: list = []
@@ -120,7 +122,7 @@ class ValuePolicy:
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
         self._entered[c] = self._entered.get(c, 0) + 1
-        e.prio = self.clock + self._value(e)
+        e.prio = self.clock + self._value(e) + self.recency * self._now
         if e.seq >= 0:
             self.eligible(e.meta.key)
 
@@ -128,11 +130,13 @@ class ValuePolicy:
         if meta.key in self._e:
             raise PolicyError("duplicate key", meta.key)
         e = _Entry(meta)
+        self._now = now
         self._e[meta.key] = e
         self._enter(e)
 
     def access(self, key, now: float = 0.0) -> None:
         e = self._get(key)
+        self._now = now
         if e.uses < MAX_USES_CLASS:
             c = self._cls(e)
             self._moved[c] = self._moved.get(c, 0) + 1

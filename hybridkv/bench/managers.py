@@ -12,6 +12,9 @@ CacheManager plugs in through an adapter with the same `serve`.
                  invalidates the checkpoint at its end). Hit at H = deepest checkpoint on the
                  leading run of cached blocks (any block end for `full`). Only leaves (no cached
                  children) that the running request does not use are offered to the policy.
+                 The checkpoint pool keeps a reserve (`ckpt_fraction`) and grows into bytes the
+                 block pool leaves free (`borrow`); when blocks need them back, the checkpoint
+                 pool shrinks by evicting its own victims (a resize, never a cross-kind evict).
 """
 from __future__ import annotations
 
@@ -58,13 +61,17 @@ class _Node:
 class PolicyManager:
     def __init__(self, layout: LayoutCost, capacity_blocks: int,
                  policy_factory: Callable = ValuePolicy, ckpt_fraction: float = 0.12,
-                 every_n: int = 4):
+                 every_n: int = 2, borrow: bool = True,
+                 periodic_free: float = 0.0):
         budget = capacity_blocks * layout.block_bytes
         self.layout = layout
         self.hybrid = layout.needs_checkpoint
         frac = ckpt_fraction if self.hybrid else 0.0
-        self.ckpt_budget = int(budget * frac)
-        self.block_budget = budget - self.ckpt_budget
+        self.budget = budget
+        self.ckpt_reserved = int(budget * frac)
+        self.block_budget = budget - self.ckpt_reserved
+        self.borrow = borrow
+        self.periodic_free = periodic_free    # periodic checkpoints only while this much is free
         self.block_used = self.ckpt_used = 0
         self.blocks = policy_factory()
         self.ckpts = policy_factory()
@@ -102,6 +109,13 @@ class PolicyManager:
             self._drop_block(key, False)
             key, node = parent, self.nodes.get(parent)
 
+    @property
+    def ckpt_budget(self) -> int:
+        """The checkpoint pool: its reserve, grown into whatever the block pool leaves free."""
+        if not self.borrow:
+            return self.ckpt_reserved
+        return self.budget - self.block_used
+
     def _room(self, pool: str, nbytes: int) -> bool:
         if pool == "block":
             while self.block_used + nbytes > self.block_budget:
@@ -109,6 +123,12 @@ class PolicyManager:
                 if v is None:
                     return False
                 self._drop_block(v, True)
+            # the checkpoint pool shrinks back (evicting its own victims) to at least its reserve
+            while self.block_used + self.ckpt_used + nbytes > self.budget:
+                v = self.ckpts.victim()
+                if v is None:
+                    return False
+                self._drop_ckpt(v, True)
         else:
             while self.ckpt_used + nbytes > self.ckpt_budget:
                 v = self.ckpts.victim()
@@ -165,7 +185,8 @@ class PolicyManager:
             full = req.input_length // bs
             for i in self.ckpts.checkpoints(n, chain, full):
                 self._add_ckpt(keys[i], (i + 1) * bs, "branch" if i < full - 1 else "end")
-            if self.every_n:
+            if self.every_n and self.budget - self.block_used - self.ckpt_used >= \
+                    self.periodic_free * self.budget:
                 for i in range(self.every_n - 1, full - 1, self.every_n):
                     self._add_ckpt(keys[i], (i + 1) * bs, "periodic", evict=False)
         if hit and self.hybrid and keys[hit - 1] in self._ckpt_h:

@@ -9,6 +9,18 @@ NAME = "replay"
 HELP = ("replay a Mooncake-format trace (or 'synthetic') at a capacity: token hit rate, FLOPs "
         "saved, ops/s and latency for ours vs vLLM-style LRU vs Belady")
 PLOT_CAPACITIES = (1000, 10000, 100000)
+RUNTIME_LIMIT = 300
+
+
+def vllm_status() -> dict:
+    """The optional vLLM baseline: hybridkv does not drive vLLM's KVCacheManager yet, so this
+    only reports whether the extra is importable."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:                     # any import failure means: not usable here
+        return {"available": False, "message": f"skipped: vllm not installed ({type(e).__name__})"}
+    return {"available": True,
+            "message": "skipped: vllm is installed but its KVCacheManager baseline is not wired"}
 
 
 def add_arguments(p) -> None:
@@ -21,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also sweep capacities 1k/10k/100k (+C) and plot hit rate vs capacity")
+    p.add_argument("--manager", default="sim", choices=("sim", "runtime"),
+                   help="'runtime': replay through the real hk.CacheManager (slower; use "
+                        f"--limit, default {RUNTIME_LIMIT}) vs LRU and Belady on the same slice")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
 
@@ -80,7 +95,20 @@ def _text(r: dict) -> str:
     lines.append(f"ours/Belady (blocks) {r['ours_over_belady']:.3f}   ours/LRU ops/s "
                  f"{r['ops_ratio_ours_over_lru']:.3f}   per-group hit tokens (ours) "
                  f"{r['ours']['group_hit_tokens']}")
+    lines.append(f"manager {r.get('manager', 'sim')}   vLLM baseline: "
+                 f"{r.get('vllm', {}).get('message', '')}")
     return "\n".join(lines)
+
+
+def _runtime_compare(args, trace, layout, progress) -> dict:
+    import functools
+    from hybridkv.bench.runtime import RuntimeManager, pretokenize, runtime_layout
+    from hybridkv.bench.sim import compare
+    if args.limit is None:
+        trace = trace.head(RUNTIME_LIMIT)
+    toks = pretokenize(trace, runtime_layout(layout).vocab)
+    return compare(trace, layout, args.capacity_blocks, progress,
+                   ours_factory=functools.partial(RuntimeManager, tokens=toks))
 
 
 def run(args) -> int:
@@ -94,7 +122,12 @@ def run(args) -> int:
         trace = load_trace(args.trace, args.limit, args.synthetic_requests, args.seed)
         layout = get_layout(args.layout)
         progress = not args.no_progress and sys.stderr.isatty()
-        result = compare(trace, layout, args.capacity_blocks, progress=progress)
+        if args.manager == "runtime":
+            result = _runtime_compare(args, trace, layout, progress)
+        else:
+            result = compare(trace, layout, args.capacity_blocks, progress=progress)
+        result["manager"] = args.manager
+        result["vllm"] = vllm_status()
         if args.plot:
             caps = sorted(set(PLOT_CAPACITIES) | {args.capacity_blocks})
             pts = [result if c == args.capacity_blocks else compare(trace, layout, c)

@@ -148,13 +148,18 @@ def drop(mgr, ref, event="evict"):
 
 
 def make_room(mgr, pk, k):
-    """Evict this pool's victims (never another kind's) until k blocks are free."""
+    """Evict this pool's victims (never another kind's) until k blocks are free; with a
+    disk tier each victim worth keeping is spilled before it is evicted."""
     pool, pol = mgr.pools[pk], mgr.policies[pk]
     while pool.n_free < k:
         v = pol.victim()
         if v is None:
             raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
-        drop(mgr, ObjRef(pk[0], pk[1], v))
+        ref = ObjRef(pk[0], pk[1], v)
+        link = getattr(mgr, "disk_link", None)
+        if link is not None:
+            link.on_evict(ref)                 # spill first (source pinned meanwhile)
+        drop(mgr, ref)
         mgr.metrics.evicted(pk[0])
 
 

@@ -1,9 +1,10 @@
-"""CacheManager methods: free, release of pins, indexer version bumps, stats, invariants."""
+"""CacheManager methods: free, release of pins, indexer version bumps, stats, invariants,
+and the disk tier's public face (prefetch, wait_loads, cancel_loads, spill_all)."""
 from types import SimpleNamespace
 
 from hybridkv import alloc as A
 from hybridkv.checked import check_all
-from hybridkv.errors import Refused
+from hybridkv.errors import BadArgument, Refused
 from hybridkv.locking import locked
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
 from spec.system import can_bump_version
@@ -71,10 +72,16 @@ def stats(self):
         counts.update(blocks=p.n, evictable=len(self.evictable[(kind, g)]),
                       block_bytes=p.block_nbytes)
         pools[f"{kind}/{g}"] = counts
-    return {"pools": pools, "requests": len(self.reqs), "checkpoints": len(self.index.ckpts),
-            "in_transit": sum(p.n_writing for p in self.pools.values()), "cap": self.cap,
-            "indexer_version": self.miv, "granule": self.layout.granule,
-            **self.metrics.summary()}
+    out = {"pools": pools, "requests": len(self.reqs), "checkpoints": len(self.index.ckpts),
+           "in_transit": sum(p.n_writing for p in self.pools.values()) + self.disk_transit(),
+           "cap": self.cap, "indexer_version": self.miv, "granule": self.layout.granule,
+           **self.metrics.summary()}
+    link = self.disk_link
+    if link is not None:
+        out["disk"] = dict(link.counts, loads_in_flight=len(link.loads),
+                           loads_queued=len(link.pending),
+                           used_bytes=link.tier.used_bytes, entries=len(link.tier.keys()))
+    return out
 
 
 def metrics_text(self):
@@ -86,6 +93,59 @@ def check_invariants(self):
     InvariantViolation naming the first that fails."""
     with self.lock:
         check_all(self)
+        if self.disk_link is not None:
+            self.disk_link.check()
+            n = sum(p.n_writing for p in self.pools.values()) + self.disk_transit()
+            if n > self.cap:
+                from hybridkv.errors import InvariantViolation
+                raise InvariantViolation("admission_cap", (n, self.cap))
+
+
+def _link(self):
+    if self.disk_link is None:
+        raise BadArgument("this cache has no disk tier", None)
+    return self.disk_link
+
+
+@locked
+def prefetch(self, plan_or_request_id):
+    """Start verified loads of the disk objects a HitPlan reports (``plan.disk``) into
+    preallocated FREE blocks (LOADING until verified), queueing what the admission cap or
+    the tier's in-flight budget does not admit yet; returns how many were accepted.  Takes a
+    HitPlan or a looked-up request id.  Disk faults are not raised: such a load ends as a
+    miss.  A later lookup reuses the objects once verified (see wait_loads)."""
+    from hybridkv.lookup import HitPlan
+    link = _link(self)
+    plan = plan_or_request_id if isinstance(plan_or_request_id, HitPlan) \
+        else self._req(plan_or_request_id).plan
+    if not plan.disk:
+        return 0
+    return link.start(plan.disk, plan.disk_ckpt, [r.ref for r in plan.reads])
+
+
+@locked
+def wait_loads(self, timeout=10.0):
+    """Wait (up to ``timeout`` s in all) for loads in flight and queued, publish the
+    verified ones; returns how many are still in flight or queued."""
+    link = _link(self)
+    link.reap(wait=timeout)
+    return len(link.loads) + len(link.pending)
+
+
+@locked
+def cancel_loads(self):
+    """Cancel loads in flight (their blocks go back FREE untouched); returns how many
+    are still finishing (already copied: published on the next reap)."""
+    link = _link(self)
+    link.cancel()
+    return len(link.loads)
+
+
+@locked
+def spill_all(self):
+    """Spill every READY published object to the disk tier (memory copies stay), e.g.
+    before shutdown; returns how many were written."""
+    return _link(self).spill_all()
 
 
 @property

@@ -8,6 +8,7 @@ Contract (DESIGN §6):
   commit(request_id, num_tokens, token_ids=None)        seal what is complete, publish it
   accept_drafts(request_id, token_ids) / reject_drafts(request_id)
   free(request_id); check_invariants(); stats(); metrics_text()
+  prefetch(plan_or_request_id) / wait_loads(timeout) / spill_all()   with disk=DiskTier(...)
 Every public call holds one re-entrant lock (the only lock: pools, index and policies are
 touched under it alone).  Bad input raises a named error from hybridkv.errors and changes
 nothing; AdmissionRefused changes nothing.  ``checked=True`` shadows every block with a
@@ -26,6 +27,7 @@ from hybridkv.lookup import HitPlan, run_funnel
 from hybridkv.metrics import Metrics
 from hybridkv.policy import ValuePolicy
 from hybridkv.pools import NO_LIMIT, GroupCtx, Pool
+from hybridkv.spill import DiskLink
 from spec.state import HELD, LOOKED
 
 
@@ -70,7 +72,8 @@ def _count(name, v, minimum=0):
 class CacheManager:
     def __init__(self, layout, num_blocks=64, device="cpu", disk=None, checked=False,
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
-                 max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None):
+                 max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
+                 spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True):
         self.layout, self.device, self.disk, self.checked = layout, device, disk, checked
         self.vocab = vocab or layout.vocab
         self.every_n, self.max_iv, self.miv, self.clock = every_n, max_iv, 0, 0
@@ -93,6 +96,8 @@ class CacheManager:
         self.reqs = {}
         self.lock = threading.RLock()
         self.object_driver = None
+        self.disk_link = DiskLink(self, disk, spill_kinds, spill_on_evict) \
+            if disk is not None else None
 
     @classmethod
     def for_spec(cls, cfg, checked=False):
@@ -128,8 +133,10 @@ class CacheManager:
         return list(token_ids)
 
     def disk_transit(self):
-        d = self.object_driver
-        return d.disk_transit() if d is not None else 0
+        """Disk objects in transit (object driver's + this manager's spills and loads)."""
+        d, link = self.object_driver, self.disk_link
+        return (d.disk_transit() if d is not None else 0) + \
+            (len(link.loads) + link.spilling if link is not None else 0)
 
     # -- lookup / pin / launch ----------------------------------------------------------------
     @_locked
@@ -144,6 +151,8 @@ class CacheManager:
         old = self.reqs.get(request_id)
         if old is not None and old.phase != LOOKED:
             raise RequestBusy("request already holds cache state", request_id)
+        if self.disk_link is not None:
+            self.disk_link.reap()          # finish loads, start queued ones (prefetch)
         root = root_key(self.layout, salt)
         keys = extend_chain([], root, tokens, self.layout.granule)
         plan = run_funnel(self, keys, len(tokens))
@@ -151,16 +160,22 @@ class CacheManager:
         self.metrics.lookup(plan)
         return plan
 
-    def _take_plan(self, req):
-        """Pin the plan's objects (re-running the funnel if anything changed since lookup)."""
-        plan = req.plan
+    def _refresh_plan(self, req):
+        """Re-run the funnel if any object of the plan changed since lookup (another
+        request's eviction); the sizing of an allocation must use the current plan."""
         pools = self.pools
-        for r in plan.reads:
+        for r in req.plan.reads:
             pool = pools[(r.ref.kind, r.ref.group)]
             rec = pool.recs[r.ref.block]
             if (rec.ver, rec.ep) != (r.ver, r.ep) or pool.target(r.ref.block, "pin") is None:
-                plan = req.plan = run_funnel(self, req.keys, len(req.tokens))
+                req.plan = run_funnel(self, req.keys, len(req.tokens))
                 break
+        return req.plan
+
+    def _take_plan(self, req):
+        """Pin the plan's objects (re-running the funnel if anything changed since lookup)."""
+        plan = self._refresh_plan(req)
+        pools = self.pools
         self.clock += 1
         for r in plan.reads:
             A.make_ineligible(self, r.ref)
@@ -186,7 +201,7 @@ class CacheManager:
         if req.D:
             raise DraftsPending("accept or reject the pending drafts first", req.D)
         first = req.phase == LOOKED
-        start = req.plan.reuse_tokens if first else req.A
+        start = self._refresh_plan(req).reuse_tokens if first else req.A
         if first:
             saved = req.branch
             req.branch = req.plan.branch
@@ -262,3 +277,4 @@ class CacheManager:
     from hybridkv.reads import begin_read, pin, read_ok, set_kernel_version, unpin  # noqa
     from hybridkv.lifecycle import (_release_reads, bump_indexer_version, check_invariants,  # noqa
                                     free, metrics_text, objects, stats)
+    from hybridkv.lifecycle import cancel_loads, prefetch, spill_all, wait_loads  # noqa

@@ -4,6 +4,7 @@ import importlib
 
 _EXPORTS = {
     "V4Mini": "hybridkv.model",
+    "Engine": "hybridkv.engine",
     "DiskTier": "hybridkv.disk",
     "ModelLayout": "hybridkv.layout",
     "LayerGroup": "hybridkv.layout",

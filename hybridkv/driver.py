@@ -15,7 +15,8 @@ from hybridkv.errors import Refused
 from hybridkv.lookup import object_ready
 from hybridkv.tables import table_for
 from spec.disk import DiskPrefixMachine, DiskRec
-from spec.funnel import can_hit_aligned, can_hit_groups, can_replay
+from spec import system as S
+from spec.funnel import can_hit_aligned, can_hit_groups
 from spec.state import (HELD, IDLE, KINDS, LOOKED, RUNNING, D_LOADING, D_WRITING, Graph, Req,
                         Sys)
 
@@ -123,6 +124,7 @@ class ObjectDriver:
 
     def lookup(self, r, ref, H):
         cx = self.mgr.ctx[self.group]
+        # the phase only: the funnel below is the runtime's own (object_ready), under test
         self._need(self.state.req[r].ph == IDLE, ("request busy", r))
         self._need(can_hit_aligned(H, self.cfg.granule, (), ()), ("aligned", H))
         recs = [p.recs[i] for p, i in zip(self.pools, ref)]
@@ -139,7 +141,7 @@ class ObjectDriver:
             self.pools[k].fire(i, event)
 
     def pin(self, r):
-        self._need(self.state.req[r].ph == LOOKED, ("not looked", r))
+        self._need(S.can_pin(self.abstract(), self.cfg, r), ("not looked", r))
         self._all(r, "pin")
         self._set_req(r, ph=HELD)
 
@@ -147,7 +149,7 @@ class ObjectDriver:
         from hybridkv.lookup import Read
         from hybridkv.pools import ObjRef
         q = self.state.req[r]
-        self._need(q.ph == HELD, ("not held", r))
+        self._need(q.ph == HELD, ("not held", r))   # the version/epoch re-check is read_ok's
         for k, i in enumerate(q.ref):
             read = Read(ObjRef(KINDS[k], self.group, i), q.H, q.pv[k], q.pe[k])
             self._need(self.mgr.read_ok(read), ("stale read", read))
@@ -158,12 +160,12 @@ class ObjectDriver:
         self.state.req[r] = Req(IDLE, 0, z, z, z)
 
     def release(self, r):
-        self._need(self.state.req[r].ph in (HELD, RUNNING), ("nothing held", r))
+        self._need(S.can_release(self.abstract(), self.cfg, r), ("nothing held", r))
         self._all(r, "unpin")
         self._idle(r)
 
     def forget(self, r):
-        self._need(self.state.req[r].ph == LOOKED, ("not looked", r))
+        self._need(S.can_forget(self.abstract(), self.cfg, r), ("not looked", r))
         self._idle(r)
 
     # -- graphs (I4) -----------------------------------------------------------------------------
@@ -172,12 +174,11 @@ class ObjectDriver:
 
     def capture(self, g, r):
         q = self.state.req[r]
-        self._need(q.ph == RUNNING, ("capture needs a running request", r))
+        self._need(S.can_capture(self.abstract(), self.cfg, g, r), ("capture needs a running request", r))
         self.state.graph[g] = Graph(1, q.ref, self._eps(q.ref), self.state.graph[g].bad)
 
     def replay(self, g):
-        gr = self.state.graph[g]
-        self._need(gr.cap == 1 and can_replay(gr.eps, self._eps(gr.ref)), ("replay", g))
+        self._need(S.can_replay_graph(self.abstract(), self.cfg, g), ("replay", g))
 
     def release_graph(self, g):
         z = (0,) * len(KINDS)                    # a released graph forgets its addresses

@@ -30,7 +30,7 @@ class Settings(NamedTuple):
     witness_depth: int = 20    # vacuity / kill search depth (stutter steps)
     seed_depth: int = 8        # kill search depth from seed states
     seed_timeout_ms: int = 60_000
-    kill_timeout_ms: int = 180_000
+    kill_timeout_ms: int = 600_000
     mutation: bool = True
     only: tuple = ()           # restrict mutation to these mutant names
     jobs: int = 1              # worker processes for the mutation run (fork)

@@ -21,7 +21,7 @@ def add_arguments(p):
     p.add_argument("--no-mutation", action="store_true", help="skip the mutation run")
     p.add_argument("--mutant", action="append", default=[],
                    help="only this mutant (guard#index); repeatable")
-    p.add_argument("--kill-timeout", type=float, default=180.0,
+    p.add_argument("--kill-timeout", type=float, default=600.0,
                    help="seconds one full-depth kill search of a mutant may take")
     p.add_argument("--jobs", type=int, default=1, help="processes for the mutation run")
     p.add_argument("--save-traces", default=None,

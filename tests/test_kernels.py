@@ -19,14 +19,6 @@ FAST = settings(max_examples=12, deadline=None, derandomize=True,
 DEEP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 reqs_st = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=2)
 attn_st = st.fixed_dictionaries(dict(
     seed=st.integers(0, 2**16), mode=st.sampled_from(["swa", "sparse", "hca"]),

@@ -11,14 +11,6 @@ from hybridkv.model.resume import (check_grid, greedy_resume, grid_lengths, prom
                                    schedule)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return V4Mini(seed=0, backend="torch")

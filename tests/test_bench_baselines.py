@@ -137,3 +137,23 @@ def test_conversation_trace_reference_numbers():
     assert abs(lru.block_hit_rate - 0.211) < 0.005
     assert abs(b.hits / b.accesses - 0.366) < 0.002
     assert lru.block_hit_rate < ours.block_hit_rate <= b.hits / b.accesses
+
+
+def test_oracles_bounded_by_belady_and_ordered():
+    """Knowing the future inside the same manager: never above Belady; knowing whether a block
+    returns beats the online policy and LRU on a multi-turn trace; noise only loses."""
+    from hybridkv.bench.oracle import UnknownOracleError, oracle_factory
+    tr = synthetic_trace(600, seed=2)
+    acc = flatten(tr.keys(r) for r in tr.requests)
+    cap = 120
+    bound = belady(acc, cap).hits
+    got = {w: replay(tr, oracle_factory(tr, w), FULL, cap) for w in ("next_use", "reuse")}
+    noisy = replay(tr, oracle_factory(tr, "reuse", unflagged=0.5), FULL, cap)
+    lru = replay(tr, LRUManager, FULL, cap)
+    ours = replay(tr, PolicyManager, FULL, cap)
+    for r in list(got.values()) + [noisy]:
+        assert round(r.block_hit_rate * len(acc)) <= bound
+    assert got["reuse"].hit_tokens > max(ours.hit_tokens, lru.hit_tokens)
+    assert got["reuse"].hit_tokens > noisy.hit_tokens
+    with pytest.raises(UnknownOracleError):
+        oracle_factory(tr, "crystal-ball")

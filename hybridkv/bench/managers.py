@@ -6,8 +6,12 @@ CacheManager plugs in through an adapter with the same `serve`.
 
 `LRUManager`     vLLM-style single queue. On v4-mini every block keeps its own window and tails
                  (a checkpoint at each block end), so one unit costs block + checkpoint bytes.
-`PolicyManager`  ours until the runtime exists: a prefix tree of blocks in a block pool and, for
-                 hybrid layouts, checkpoints (window + tails at H) in their own pool (per-kind
+`PolicyManager`  ours. Policies (one fixed configuration for every trace, layout, capacity):
+                 blocks: policy.FilteredLRUPolicy (recency, rarely-reused classes first;
+                 blocks of one layout all cost the same bytes), checkpoints: policy.ValuePolicy
+                 (greedy-dual on learned reuse x FLOPs saved per byte: a checkpoint at depth H
+                 saves prefix_flops(H) for about the same bytes).
+                 A prefix tree of blocks in a block pool and, for hybrid layouts, checkpoints (window + tails at H) in their own pool (per-kind
                  pools: evicting for one kind never takes the other's bytes; evicting a block
                  invalidates the checkpoint at its end). Hit at H = deepest checkpoint on the
                  leading run of cached blocks (any block end for `full`). Only leaves (no cached
@@ -22,7 +26,7 @@ from typing import Callable, NamedTuple
 
 from hybridkv.bench.baselines import LRUPrefixCache
 from hybridkv.bench.layouts import BLOCK, LayoutCost
-from hybridkv.policy import EntryMeta, ValuePolicy
+from hybridkv.policy import EntryMeta, FilteredLRUPolicy, ValuePolicy
 
 
 class Served(NamedTuple):
@@ -60,9 +64,9 @@ class _Node:
 
 class PolicyManager:
     def __init__(self, layout: LayoutCost, capacity_blocks: int,
-                 policy_factory: Callable = ValuePolicy, ckpt_fraction: float = 0.12,
+                 policy_factory: Callable = FilteredLRUPolicy, ckpt_fraction: float = 0.12,
                  every_n: int = 2, borrow: bool = True,
-                 periodic_free: float = 0.0):
+                 periodic_free: float = 0.0, ckpt_policy_factory: Callable | None = ValuePolicy):
         budget = capacity_blocks * layout.block_bytes
         self.layout = layout
         self.hybrid = layout.needs_checkpoint
@@ -74,7 +78,7 @@ class PolicyManager:
         self.periodic_free = periodic_free    # periodic checkpoints only while this much is free
         self.block_used = self.ckpt_used = 0
         self.blocks = policy_factory()
-        self.ckpts = policy_factory()
+        self.ckpts = (ckpt_policy_factory or policy_factory)()
         self.nodes: dict = {}
         self._ckpt_h: dict = {}               # key -> (H, bytes) of its checkpoint
         self.pinned: set = set()

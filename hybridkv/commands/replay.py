@@ -13,14 +13,16 @@ RUNTIME_LIMIT = 300
 
 
 def vllm_status() -> dict:
-    """The optional vLLM baseline: hybridkv does not drive vLLM's KVCacheManager yet, so this
-    only reports whether the extra is importable."""
+    """The optional vLLM baseline. hybridkv does not drive vLLM's KVCacheManager (vllm needs
+    CUDA; this project runs CPU-only), so the result is always {"skipped": reason}, with the
+    reason saying whether vllm is importable at all."""
     try:
         import vllm  # noqa: F401
     except Exception as e:                     # any import failure means: not usable here
-        return {"available": False, "message": f"skipped: vllm not installed ({type(e).__name__})"}
-    return {"available": True,
-            "message": "skipped: vllm is installed but its KVCacheManager baseline is not wired"}
+        return {"skipped": f"vllm is not installed ({type(e).__name__}: {e}); install the "
+                           "optional vllm extra on a CUDA machine to compare"}
+    return {"skipped": "vllm is installed but its KVCacheManager baseline is not wired in "
+                       "hybridkv replay"}
 
 
 def add_arguments(p) -> None:
@@ -95,20 +97,38 @@ def _text(r: dict) -> str:
     lines.append(f"ours/Belady (blocks) {r['ours_over_belady']:.3f}   ours/LRU ops/s "
                  f"{r['ops_ratio_ours_over_lru']:.3f}   per-group hit tokens (ours) "
                  f"{r['ours']['group_hit_tokens']}")
-    lines.append(f"manager {r.get('manager', 'sim')}   vLLM baseline: "
-                 f"{r.get('vllm', {}).get('message', '')}")
+    if "sim_ours" in r:
+        lines.append(f"sim ours on the same slice: hit rate {r['sim_ours']['hit_rate']:.4f}   "
+                     f"runtime pools {r['runtime_pools']}")
+    lines.append(f"manager {r.get('manager', 'sim')}   vLLM baseline: skipped: "
+                 f"{r.get('vllm', {}).get('skipped', '')}")
     return "\n".join(lines)
 
 
 def _runtime_compare(args, trace, layout, progress) -> dict:
-    import functools
+    from hybridkv.bench.managers import PolicyManager
     from hybridkv.bench.runtime import RuntimeManager, pretokenize, runtime_layout
-    from hybridkv.bench.sim import compare
+    from hybridkv.bench.sim import compare, replay
     if args.limit is None:
         trace = trace.head(RUNTIME_LIMIT)
     toks = pretokenize(trace, runtime_layout(layout).vocab)
-    return compare(trace, layout, args.capacity_blocks, progress,
-                   ours_factory=functools.partial(RuntimeManager, tokens=toks))
+    lens = [r.input_length for r in trace.requests] or [1]
+    made = []
+
+    def factory(lay, cap):
+        m = RuntimeManager(lay, cap, tokens=toks, mean_tokens=sum(lens) // len(lens),
+                           max_tokens=max(lens))
+        made.append(m)
+        return m
+    out = compare(trace, layout, args.capacity_blocks, progress, ours_factory=factory)
+    sim = replay(trace, PolicyManager, layout, args.capacity_blocks)
+    out["sim_ours"] = {"hit_rate": sim.hit_rate, "block_hit_rate": sim.block_hit_rate,
+                       "ops_per_s": sim.ops_per_s}
+    sz = made[-1].sizing
+    out["runtime_pools"] = {"every_n": sz.every_n, "budget_bytes": sz.budget_bytes,
+                            "bytes": sz.bytes, "refused": made[-1].refused,
+                            "num_blocks": {f"{k}/{g}": n for (k, g), n in sz.sizes.items()}}
+    return out
 
 
 def run(args) -> int:
@@ -134,6 +154,12 @@ def run(args) -> int:
                    for c in caps]
             plot(pts, args.plot, f"{trace.name}, layout {layout.name}")
             result["plot"] = args.plot
+            result["sweep"] = [{"capacity_blocks": p["capacity_blocks"],
+                                "ours": p["ours"]["hit_rate"], "lru": p["lru"]["hit_rate"],
+                                "belady": p["belady"]["hit_rate"],
+                                "ours_over_belady_tokens": p["ours_over_belady_tokens"],
+                                "ops_ratio_ours_over_lru": p["ops_ratio_ours_over_lru"]}
+                               for p in pts]
     except (TraceFormatError, CapacityError, ValueError, OSError) as e:
         return _fail(args, e)
     if args.json:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import z3
 
 from proofs import trace as tr
+from proofs.encode import unroll
 
 
 class InvResult(NamedTuple):
@@ -38,24 +39,14 @@ class Bmc:
 
     def __init__(self, enc, timeout_ms=0):
         self.enc = enc
-        self.sol = z3.SolverFor("QF_BV")
-        if timeout_ms:
-            self.sol.set("timeout", timeout_ms)
-        self.states = [enc.state_vars(0)]
-        self.steps = []
-        self.sol.add(enc.init(self.states[0]))
+        self.sol, self.states, self.steps = unroll(enc, 0, timeout_ms=timeout_ms)
 
     @property
     def depth(self):
         return len(self.steps)
 
     def extend(self):
-        t = self.depth
-        ws = self.enc.state_vars(t + 1)
-        f, sel, args = self.enc.step(t, self.states[-1], ws)
-        self.sol.add(f)
-        self.states.append(ws)
-        self.steps.append((sel, args))
+        unroll(self.enc, 1, self.sol, states=self.states, steps=self.steps)
 
     def query(self, goal, deadline=None):
         """sat/unsat/unknown of ``goal`` on top of the unrolling (goal retracted afterwards);

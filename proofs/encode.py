@@ -226,6 +226,38 @@ class Encoding:
         return z3.substitute(self._preds[pred], *zip(self.cur, vs))
 
 
+INIT = "init"
+
+
+def unroll(enc, depth, sol=None, start=INIT, states=None, steps=None, timeout_ms=0):
+    """Add ``depth`` transitions of ``enc`` to the solver ``sol`` (a fresh QF_BV solver when
+    None).  A new unrolling starts from the initial state (``start=INIT``), from any state
+    (``None``), or from one of the concrete ``start`` states (flat leaf lists); passing the
+    ``states``/``steps`` lists of an earlier call extends that unrolling in place.  Returns
+    (solver, states: leaf-variable lists, steps: (selector, argument variables) pairs)."""
+    if sol is None:
+        sol = z3.SolverFor("QF_BV")
+        if timeout_ms:
+            sol.set("timeout", timeout_ms)
+    if states is None:
+        states, steps = [enc.state_vars(0)], []
+        if isinstance(start, str):
+            if start != INIT:
+                raise BadConfig("unknown start", start)
+            sol.add(enc.init(states[0]))
+        elif start is not None:
+            sol.add(z3.Or(*[z3.And(*[v == x for v, x in zip(states[0], leaves)])
+                            for leaves in start]))
+    for _ in range(depth):
+        t = len(steps)
+        ws = enc.state_vars(t + 1)
+        f, sel, args = enc.step(t, states[-1], ws)
+        sol.add(f)
+        states.append(ws)
+        steps.append((sel, args))
+    return sol, states, steps
+
+
 def _concretise(c, ins):
     """``ins`` with every optionally-symbolic argument enumerated over its domain."""
     doms = ACTIONS[ins.name][1](c)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import z3
 
 from proofs import trace as tr
+from proofs.encode import unroll
 
 
 class StepResult(NamedTuple):
@@ -26,16 +27,7 @@ class StepResult(NamedTuple):
 def induction_step(enc, props, k=1, names=None, timeout_ms=0, progress=None):
     """Check the k-induction step of every conjunct in ``props`` (name -> predicate), all
     of them assumed on the first k states.  ``names`` restricts which conjuncts are checked."""
-    sol = z3.SolverFor("QF_BV")
-    if timeout_ms:
-        sol.set("timeout", timeout_ms)
-    states, steps = [enc.state_vars(0)], []
-    for t in range(k):
-        ws = enc.state_vars(t + 1)
-        f, sel, args = enc.step(t, states[-1], ws)
-        sol.add(f)
-        states.append(ws)
-        steps.append((sel, args))
+    sol, states, steps = unroll(enc, k, start=None, timeout_ms=timeout_ms)
     for vs in states[:-1]:
         for p in props.values():
             sol.add(enc.holds(p, vs))

@@ -14,7 +14,7 @@ from spec.state import initial
 from spec.step import actions, step
 
 from proofs import trace as tr
-from proofs.encode import flatten
+from proofs.encode import INIT, flatten, unroll
 
 
 def trace_from_actions(c, acts, invariant, mutant=None, kind="bmc"):
@@ -102,27 +102,6 @@ def shortest_witness(c, acts, name):
     return acts
 
 
-def unroll(enc, depth, start=None, timeout_ms=0):
-    """Solver with ``depth`` steps from the initial state, or from one of the concrete
-    ``start`` states (flat leaf lists).  Returns (solver, states, steps)."""
-    sol = z3.SolverFor("QF_BV")
-    if timeout_ms:
-        sol.set("timeout", timeout_ms)
-    states, steps = [enc.state_vars(0)], []
-    if start is None:
-        sol.add(enc.init(states[0]))
-    else:
-        sol.add(z3.Or(*[z3.And(*[v == x for v, x in zip(states[0], leaves)])
-                        for leaves in start]))
-    for t in range(depth):
-        ws = enc.state_vars(t + 1)
-        f, sel, args = enc.step(t, states[-1], ws)
-        sol.add(f)
-        states.append(ws)
-        steps.append((sel, args))
-    return sol, states, steps
-
-
 def _model_actions(enc, model, states, steps):
     t = tr.extract(enc, model, states, steps, "-")
     return actions_of(t)
@@ -184,7 +163,8 @@ def kill(enc, depth, start=None, invariants=INVARIANTS, timeout_ms=0, mutant=Non
     from the initial state or from a seed ({flat state: action list}).  Returns a replayed,
     minimised trace, or (None, "unsat"|"unknown")."""
     t0 = time.perf_counter()
-    sol, states, steps = unroll(enc, depth, list(start) if start else None, timeout_ms)
+    sol, states, steps = unroll(enc, depth, start=list(start) if start else INIT,
+                                timeout_ms=timeout_ms)
     sol.add(z3.Not(z3.And(*[enc.holds(p, states[-1]) for p in invariants.values()])))
     r = sol.check()
     if r != z3.sat:

@@ -18,8 +18,10 @@ from proofs.bmc import run_bmc
 from proofs.encode import Encoding
 from proofs.induction import holds_initially, induction_step
 from proofs.mutate import applied, guards_called, mutants
+from proofs.satbmc import deep_bmc
 
-FAST = SysConfig(n_obj=1, n_req=2, n_disk=1, n_graph=1, granule=2)
+FAST = SysConfig(n_obj=1, n_req=2, n_disk=1, n_graph=1, granule=2, blk_comp=4, blk_tail=2,
+                 blk_swa=2, blk_idx=2)   # granule = GCD of the block sizes
 DEEP = SysConfig(n_obj=3, n_req=2, n_disk=1, n_graph=1)
 
 
@@ -34,6 +36,7 @@ class Settings(NamedTuple):
     mutation: bool = True
     only: tuple = ()           # restrict mutation to these mutant names
     jobs: int = 1              # worker processes for the mutation run (fork)
+    sat: bool = False          # plain BMC on CaDiCaL (proofs.satbmc): the deep tier's engine
 
 
 class MutantResult(NamedTuple):
@@ -82,7 +85,11 @@ def prove_invariants(c, st, tick=lambda *_: None):
         tick(f"bmc depth {d}")
         return time.perf_counter() > deadline
 
-    bmc = run_bmc(enc, INVARIANTS, st.depth, aux=AUX, stop_when=stop_early, deadline=deadline)
+    if st.sat:
+        bmc = deep_bmc(c, depth=st.depth, budget_s=st.bmc_budget, tick=tick)
+    else:
+        bmc = run_bmc(enc, INVARIANTS, st.depth, aux=AUX, stop_when=stop_early,
+                      deadline=deadline)
     bad_init = set(holds_initially(enc, props))
     ind, ctis, k = {}, [], 1
     pending = list(props)
@@ -103,7 +110,8 @@ def prove_invariants(c, st, tick=lambda *_: None):
         result = "violated" if violated else ("proven" if inductive else "unknown")
         depth = b.depth if b else (bmc.reached if name[4:] not in bmc.aux_broken else -1)
         secs = (b.seconds if b else 0.0) + ind[name].seconds
-        rows.append({"name": name, "method": f"bmc+{ind[name].k}-induction", "depth": depth,
+        method = f"{'sat-bmc' if st.sat else 'bmc'}+{ind[name].k}-induction"
+        rows.append({"name": name, "method": method, "depth": depth,
                      "inductive": inductive, "result": result, "seconds": round(secs, 3)})
         if b and b.trace:
             ctis.append(b.trace)

@@ -2,11 +2,13 @@
 
 Five cache objects as python-statemachine machines, their dual-mode guards and effects,
 the 4-layer hit-validation funnel, the invariants and the whole-system ``step``.
-Pure Python: no torch, no I/O.  Registries for tools: MACHINES, GUARDS, ACTIONS, INVARIANTS.
+Pure Python: no torch, no I/O.  Registries for tools: MACHINES, GUARDS, ACTIONS, INVARIANTS,
+AUX (the auxiliary invariants induction needs).
 """
 import inspect
 
 from spec import common, compressed, disk, funnel, indexer, swa, system, tail
+from spec.aux_facts import AUX
 from spec.config import SysConfig
 from spec.invariants import INVARIANTS
 from spec.state import KINDS, initial
@@ -29,5 +31,5 @@ def _guards():
 
 GUARDS = _guards()
 
-__all__ = ["ACTIONS", "GUARDS", "INVARIANTS", "KINDS", "MACHINES", "SysConfig", "actions",
+__all__ = ["ACTIONS", "AUX", "GUARDS", "INVARIANTS", "KINDS", "MACHINES", "SysConfig", "actions",
            "initial", "step"]

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 from statemachine import State, StateMachine
 
-from spec.dual import And, Mod, Not
-from spec.funnel import DISK_ALIGN
+from spec.dual import And, Not
+from spec.funnel import DISK_ALIGN, can_hit_abi, can_hit_bytes
 
 
 class DiskRec(NamedTuple):
@@ -22,13 +22,16 @@ class DiskRec(NamedTuple):
     ck: int      # 1 while the payload matches its checksum
     abi: int     # ABI id written in the header
     off: int     # payload offset in the file (must be DISK_ALIGN-aligned)
+    ln: int      # payload length in bytes (whole DISK_ALIGN pages; a torn write leaves it short)
     tk: int      # kind of the memory object being spilled from or loaded into
     obj: int     # index of that memory object
 
 
 def can_load_ok(o, c):
-    """Header intact, ABI ours, payload aligned for DMA, checksum matches."""
-    return And(o.hdr == 1, o.abi == c.kabi, Mod(o.off, DISK_ALIGN) == 0, o.ck == 1)
+    """Header intact, ABI ours (funnel layer 2), payload offset and length whole pages for
+    DMA (funnel layer 4), checksum matches."""
+    return And(o.hdr == 1, can_hit_abi((o.abi,), (c.kabi,)),
+               can_hit_bytes(o.off, o.ln, DISK_ALIGN), o.ck == 1)
 
 
 def can_load_bad(o, c):

@@ -43,6 +43,12 @@ def covers(o, H, c):
     return And(o.h == H, o.iv == c.miv)
 
 
+def checkpoint(o):
+    """The position this object was checkpointed at (its own h): usable off its group's block
+    boundary only at exactly this H."""
+    return o.h
+
+
 def _stale_events(s):
     stale = State(value=STALE)
     return {"stale": stale,

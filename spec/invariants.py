@@ -1,9 +1,10 @@
 """The invariants (DESIGN §5), stated on the abstract state independently of the guards
 that are meant to keep them, plus the auxiliary facts induction needs (``well_formed``)."""
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING, tail_need
-from spec.dual import And, Div, Implies, Max, Mod, Or
-from spec.state import (D_LOADING, HELD, KINDS, RUNNING, ctx, holders, inflight, loaders,
-                        refs_of)
+from spec.dual import And, Div, Implies, Max, Mod, Not, Or
+from spec.funnel import DISK_ALIGN
+from spec.state import (D_CORRUPT, D_LOADING, D_VERIFIED, HELD, KIND_MODULES, KINDS, RUNNING,
+                        ctx, holders, inflight, loaders, refs_of)
 
 COMP, TAIL, SWA, IDX = range(len(KINDS))
 
@@ -16,7 +17,10 @@ def _sound_at(k, o, H, s, c):
         SWA: lambda: [o.lo <= Max(0, H - c.window), o.hi >= H],
         IDX: lambda: [o.h == H, o.synced == H, o.iv == s.miv],
     }[k]()
-    return And(o.st == PINNED, o.draft == 0, *need)
+    # a group's cached state is identified block by block: off its block boundary only a
+    # checkpoint taken at exactly H is the right state
+    at = KIND_MODULES[k].checkpoint(o)
+    return And(o.st == PINNED, o.draft == 0, Or(Mod(H, c.blocks[k]) == 0, at == H), *need)
 
 
 def hit_soundness(s, c):
@@ -51,8 +55,23 @@ def toctou(s, c):
 
 
 def static_topology(s, c):
-    """I4: no graph was ever replayed over a moved or uncaptured address."""
+    """I4: no graph ever baked in an address its request had not pinned and validated, nor
+    was replayed over a moved or uncaptured address."""
     return And(*[g.bad == 0 for g in s.graph])
+
+
+def intact(d, c):
+    """What a load really needs of a file: header intact, this build's ABI, payload offset
+    and length whole DISK_ALIGN pages, payload matching its checksum."""
+    return And(d.hdr == 1, d.abi == c.kabi, Mod(d.off, DISK_ALIGN) == 0,
+               Mod(d.ln, DISK_ALIGN) == 0, d.ck == 1)
+
+
+def disk_verdicts(s, c):
+    """No good cached data is thrown away, no bad copy is used: a copy declared corrupt
+    really fails the load checks, a verified copy really passes them."""
+    return And(*[And(Implies(d.st == D_CORRUPT, Not(intact(d, c))),
+                     Implies(d.st == D_VERIFIED, intact(d, c))) for d in s.disk])
 
 
 def draft_isolation(s, c):
@@ -86,4 +105,5 @@ def well_formed(s, c):
 
 
 INVARIANTS = {f.__name__: f for f in (hit_soundness, admission_cap, state_routing, toctou,
-                                      static_topology, draft_isolation, well_formed)}
+                                      static_topology, draft_isolation, disk_verdicts,
+                                      well_formed)}

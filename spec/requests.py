@@ -1,4 +1,5 @@
 """Request and graph actions: lookup -> pin -> launch -> release, capture and replay."""
+from spec.common import PINNED
 from spec.dual import And, Eq, If, Select, Store
 from spec.state import HELD, IDLE, KINDS, LOOKED, RUNNING, refs_of  # noqa: F401
 from spec.system import (G, R, REFS, P, _all_refs, _eps_now, _req, action, can_capture,
@@ -46,8 +47,13 @@ def _graph(s, g, **fields):
 
 @action(G, R)
 def capture(s, c, g, r):
-    ref = Select(s.req, r).ref
-    return can_capture(s, c, g, r), _graph(s, g, cap=1, ref=ref, eps=_eps_now(s, ref))
+    q = Select(s.req, r)
+    # history: a graph bakes in addresses; did it bake in one its request had not pinned
+    # and validated (I3 for the capture itself)?  Replays then trust those addresses.
+    sound = And(*[And(o.st == PINNED, o.ver == q.pv[k], o.ep == q.pe[k])
+                  for k, o in enumerate(refs_of(s, q.ref))])
+    return can_capture(s, c, g, r), _graph(s, g, cap=1, ref=q.ref, eps=_eps_now(s, q.ref),
+                                           bad=If(sound, Select(s.graph, g).bad, 1))
 
 
 @action(G)

@@ -29,7 +29,8 @@ class Graph(NamedTuple):
     cap: int       # 1 while captured
     ref: tuple     # per kind: object whose address the graph baked in
     eps: tuple     # per kind: epoch of that address at capture
-    bad: int       # history: 1 once a replay read a moved or never-captured address
+    bad: int       # history: 1 once a capture baked in an address its request had not pinned
+                   # and validated, or a replay read a moved or never-captured address
 
 
 class Sys(NamedTuple):

@@ -46,6 +46,12 @@ def covers(o, H, c):
     return And(o.hi >= H, o.lo <= Max(0, H - c.window))
 
 
+def checkpoint(o):
+    """The position this window was checkpointed at (one past its newest token): usable off
+    its group's block boundary only at exactly this H."""
+    return o.hi
+
+
 SwaWindowMachine = memory_machine(
     "SwaWindowMachine", __name__, __doc__, can_seal,
     extra=lambda s: {"slide": s["ready"].to.itself(cond=can_slide)})

@@ -74,12 +74,15 @@ def can_bump_version(s, c):
 
 
 def can_lookup(s, c, r, ref, H):
-    """The funnel at one H: alignment, then every group ready at H (an intersection)."""
+    """The funnel at one H: alignment (the granule, and per group its block boundary or an
+    exact checkpoint at H), then every group ready at H (an intersection)."""
     cx = ctx(s, c)
-    comp, tl, sw, ix = refs_of(s, ref)
+    objs = refs_of(s, ref)
+    comp, tl, sw, ix = objs
     m = KIND_MODULES
+    exact = [mod.checkpoint(o) == H for mod, o in zip(m, objs)]   # partial block: a snapshot at H
     return And(Select(s.req, r).ph == IDLE,
-               can_hit_aligned(H, c.granule, (), ()),
+               can_hit_aligned(H, c.granule, c.blocks, exact),
                can_hit_groups([readable(comp.st), m[0].covers(comp, H, cx),
                                readable(tl.st), m[1].covers(tl, H, cx),
                                readable(sw.st), m[2].covers(sw, H, cx),

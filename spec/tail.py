@@ -36,4 +36,10 @@ def covers(o, H, c):
     return o.h == H
 
 
+def checkpoint(o):
+    """The position this object was checkpointed at (its own h): usable off its group's block
+    boundary only at exactly this H."""
+    return o.h
+
+
 UncompressedTailMachine = memory_machine("UncompressedTailMachine", __name__, __doc__, can_seal)

@@ -12,7 +12,7 @@ def spill_start(s, c, d, k, i):
     o = Select(s.mem[k], i)
     a, b, x = common.content(o)
     en_d, s2 = _disk(s, c, d, "spill_start", kind=k, a=a, b=b, x=x, ver=o.ver, hdr=1, ck=1,
-                     abi=c.kabi, off=0, tk=k, obj=i)
+                     abi=c.kabi, off=0, ln=0, tk=k, obj=i)
     en_m, s3 = _mem(s2, c, k, i, "pin")
     return And(en_d, en_m, can_admit(s, c)), s3
 
@@ -49,10 +49,11 @@ load_cancel = _finish("load_cancel", "load_bad")
 @action(D, FAULTS)
 def damage(s, c, d, f):
     """Faults on a file at rest: payload bit flip, header bit flip, a foreign build's ABI,
-    a misaligned payload offset.  Each also garbles what a careless reader would get."""
+    a misaligned payload offset, a torn write (renamed before the payload's last page landed:
+    the file is short).  Each also garbles what a careless reader would get."""
     r = Select(s.disk, d)
     fields = ({"ck": 0, "b": 0}, {"hdr": 0, "a": c.max_pos - r.a},
-              {"abi": c.kabi + 1, "b": 0}, {"off": 1, "b": 0})[f]
+              {"abi": c.kabi + 1, "b": 0}, {"off": 1, "b": 0}, {"ln": 1, "b": 0})[f]
     return _disk(s, c, d, "damage", **fields)
 
 

@@ -38,7 +38,7 @@ def _settings(args):
         c = c._replace(n_req=args.requests)
     depth = args.depth if args.depth is not None else (30 if args.deep else 4)
     budget = args.bmc_budget if args.bmc_budget is not None else (1800.0 if args.deep else 60.0)
-    st = Settings(depth=depth, bmc_budget=budget, mutation=not args.no_mutation,
+    st = Settings(depth=depth, bmc_budget=budget, mutation=not args.no_mutation, sat=args.deep,
                   only=tuple(args.mutant), jobs=max(1, args.jobs),
                   kill_timeout_ms=int(args.kill_timeout * 1000))
     return c, st

@@ -14,15 +14,17 @@ Objects of one request (each one pool block with one spec record):
   drafts        the same shapes past the allocation end, written with draft=1, never published;
                 accept re-writes them as regular objects, reject frees them.
 ``blocks_needed`` is the one sizing function: admission and ``pool_sizes`` both use it.
+Eviction (eligibility, drop, make_room) is hybridkv.evict, re-exported here.
 """
 from typing import NamedTuple
 
 from hybridkv.errors import AdmissionRefused
+from hybridkv.evict import (admit_entry, drop, make_eligible, make_ineligible,  # noqa: F401
+                            make_room)   # eviction per pool: hybridkv.evict (re-exported)
 from hybridkv.index import Checkpoint, obj_key, retention_points
-from hybridkv.policy import EntryMeta
 from hybridkv.pools import ObjRef
 from hybridkv.lookup import Read
-from spec.common import READY, STALE, WRITING
+from spec.common import FREE, PINNED, WRITING
 from spec.system import can_admit
 
 
@@ -105,64 +107,6 @@ def admission(mgr, need, protect=()):
         raise AdmissionRefused("allocation refused", short)
 
 
-# -- eviction (per pool, per-pool policy instance) ---------------------------------------------
-def make_eligible(mgr, ref):
-    pk = (ref.kind, ref.group)
-    b = ref.block
-    if b in mgr.admitted[pk] and b not in mgr.evictable[pk] and \
-            mgr.pools[pk].recs[b].st in (READY, STALE):
-        mgr.policies[pk].eligible(b)
-        mgr.evictable[pk].add(b)
-
-
-def make_ineligible(mgr, ref):
-    pk = (ref.kind, ref.group)
-    if ref.block in mgr.evictable[pk]:
-        mgr.policies[pk].ineligible(ref.block)
-        mgr.evictable[pk].discard(ref.block)
-
-
-def admit_entry(mgr, ref, at, exact):
-    pk = (ref.kind, ref.group)
-    if ref.block in mgr.admitted[pk]:
-        return
-    pool = mgr.pools[pk]
-    layers = len(mgr.layout.group(ref.group).layers)
-    mgr.policies[pk].admit(EntryMeta(ref.block, "checkpoint" if exact else "block",
-                                     pool.block_nbytes, float(at * layers), ref.kind), mgr.clock)
-    mgr.admitted[pk].add(ref.block)
-
-
-def drop(mgr, ref, event="evict"):
-    """Take a block out of the index and the policy and fire ``event`` (to FREE)."""
-    pk = (ref.kind, ref.group)
-    pool = mgr.pools[pk]
-    if pool.recs[ref.block].st == STALE:
-        event = "drop_stale"
-    pool.fire(ref.block, event)
-    mgr.index.unpublish(ref.kind, ref.group, ref.block)
-    if ref.block in mgr.admitted[pk]:
-        mgr.admitted[pk].discard(ref.block)
-        mgr.evictable[pk].discard(ref.block)
-        mgr.policies[pk].remove(ref.block, event != "reject")
-
-
-def make_room(mgr, pk, k):
-    """Evict this pool's victims (never another kind's) until k blocks are free; with a
-    disk tier each victim worth keeping is spilled before it is evicted."""
-    pool, pol = mgr.pools[pk], mgr.policies[pk]
-    while pool.n_free < k:
-        v = pol.victim()
-        if v is None:
-            raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
-        ref = ObjRef(pk[0], pk[1], v)
-        link = getattr(mgr, "disk_link", None)
-        if link is not None:
-            link.on_evict(ref)                 # spill first (source pinned meanwhile)
-        drop(mgr, ref)
-        mgr.metrics.evicted(pk[0])
-
-
 # -- writing -------------------------------------------------------------------------------------
 def write_objects(mgr, req, start, end, points, draft_end=None):
     """Write every object of the allocation (drafts with draft=1; regular ones are added
@@ -205,6 +149,7 @@ def publish(mgr, req):
         key = obj_key(keys[wo.p // gran - 1], wo.ref.group, b"ckpt" if wo.exact else b"chain")
         if index.put(wo.ref.kind, wo.ref.group, key, wo.ref.block):
             req.pubd.add(wo.ref)
+            mgr.pools[(wo.ref.kind, wo.ref.group)].touch(wo.ref.block)
     for P in [P for P in req.points if P <= known and P not in req.recorded]:
         index.add_checkpoint(Checkpoint(P, keys[P // gran - 1], index.needs(keys, P)))
         req.recorded.add(P)
@@ -224,9 +169,10 @@ def seal_committed(mgr, req):
             if w is not None:
                 pool.view(wo.ref.block).copy_(pool.view(w.ref.block))
         pool.fire(wo.ref.block, "fill")
-        pool.fire(wo.ref.block, "seal")
+        rec = pool.fire(wo.ref.block, "seal")
         if wo.exact:
             req.snaps.setdefault(wo.p, []).append(wo)
+            req.snap_ver[wo.ref] = rec.ver
         else:
             rec = pool.fire(wo.ref.block, "pin")
             req.reads.append(Read(wo.ref, wo.p, rec.ver, rec.ep))
@@ -244,15 +190,29 @@ def seal_committed(mgr, req):
                 retain(mgr, req, wo)
 
 
+def snapshot_live(mgr, req, wo):
+    """The block still holds this request's snapshot: an eviction (by another request's
+    allocation, or a sweep) bumps its version, after which the block is someone else's."""
+    rec = mgr.pools[(wo.ref.kind, wo.ref.group)].recs[wo.ref.block]
+    return rec.st != FREE and rec.ver == req.snap_ver.get(wo.ref)
+
+
 def retain(mgr, req, wo):
-    if wo.ref in req.pubd:
+    if wo.ref in req.pubd and snapshot_live(mgr, req, wo):
         admit_entry(mgr, wo.ref, wo.p, True)
         make_eligible(mgr, wo.ref)
 
 
 def release_snapshot(mgr, req, P):
+    """Give back a superseded snapshot.  Blocks already evicted are skipped; a block another
+    request has pinned (it hit this snapshot) stays cached for the policy to evict later."""
     for wo in req.snaps.pop(P):
-        drop(mgr, wo.ref)
+        if snapshot_live(mgr, req, wo):
+            if mgr.pools[(wo.ref.kind, wo.ref.group)].recs[wo.ref.block].st == PINNED:
+                retain(mgr, req, wo)
+            else:
+                drop(mgr, wo.ref)
+        req.snap_ver.pop(wo.ref, None)
         req.pubd.discard(wo.ref)
     ck = mgr.index.ckpts.get(req.keys[P // mgr.layout.granule - 1])
     if ck is not None and all(mgr.index.get(n.kind, n.group, n.key) is None

@@ -4,7 +4,7 @@ and commits it; reject frees every draft object, so the request's tail, window a
 objects are exactly what they were before the drafts."""
 from hybridkv import alloc as A
 from hybridkv.errors import BadArgument, RequestBusy
-from hybridkv.locking import locked
+from hybridkv.calls import locked
 
 
 def _reject_all(mgr, req):

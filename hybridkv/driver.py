@@ -6,14 +6,23 @@ of kind k = block i of that kind's pool).  Each action runs the runtime's own pr
 Pool.fire (compiled tables + spec guards/effects), Pool.relocate (real data move),
 hybridkv.lookup.object_ready (the lookup's readiness checks), CacheManager.read_ok (the
 launch re-check), the admission check -- and raises ``Refused`` (changing nothing) where the
-spec says the action is disabled.  ``abstract()`` maps the runtime to spec.state.Sys.
+spec says the action is disabled.  ``abstract()`` maps the runtime to spec.state.Sys;
+``restore(sys)`` loads one (a trace's arbitrary start state).
+
+Where the runtime evaluates a spec.system guard with its own code instead of calling it (the
+funnel, the launch re-check, load admission), it does so conjunct by conjunct through the
+named checks below (LOOKUP_CHECKS, LAUNCH_CHECKS, LOAD_START_CHECKS; the funnel's readiness
+conjuncts are hybridkv.lookup.READY_CHECKS), so a test can drop the runtime's counterpart of
+one spec conjunct (tests/test_golden_runtime.py mirrors the spec's guard mutants this way).
 """
 from dataclasses import dataclass, field
 
 from hybridkv import alloc as A
 from hybridkv.errors import Refused
-from hybridkv.lookup import object_ready
-from hybridkv.tables import table_for
+from hybridkv.lookup import KIND_MODULE, Read, object_ready
+from hybridkv.pools import ObjRef
+from hybridkv.tables import TransitionRefused, table_for
+from spec.common import PINNED
 from spec.disk import DiskPrefixMachine, DiskRec
 from spec import system as S
 from spec.funnel import can_hit_aligned, can_hit_groups
@@ -21,6 +30,26 @@ from spec.state import (HELD, IDLE, KINDS, LOOKED, RUNNING, D_LOADING, D_WRITING
                         Sys)
 
 _DISK = table_for(DiskPrefixMachine)
+
+
+# spec.system.can_lookup minus the funnel's readiness conjuncts (lookup.READY_CHECKS)
+def _aligned(d, r, ref, H):
+    """The granule and, per kind, its block boundary or a checkpoint taken at exactly H."""
+    blocks = getattr(d.cfg, "blocks", ())
+    if not blocks:
+        return can_hit_aligned(H, d.cfg.granule, (), ())
+    exact = [KIND_MODULE[KINDS[k]].checkpoint(p.recs[i]) == H
+             for k, (p, i) in enumerate(zip(d.pools, ref))][:len(blocks)]
+    return can_hit_aligned(H, d.cfg.granule, blocks, exact)
+
+
+LOOKUP_CHECKS = {"phase": lambda d, r, ref, H: d.state.req[r].ph == IDLE, "aligned": _aligned}
+# spec.system.can_launch: the phase, then the runtime's TOCTOU re-check (CacheManager.read_ok)
+LAUNCH_CHECKS = {"phase": lambda d, r: d.state.req[r].ph == HELD,
+                 "read_ok": lambda d, r: all(d.mgr.read_ok(x) for x in d.reads(r))}
+# spec.system.can_load_start: I2 (copy loads into its own kind), I1 (the runtime's admission)
+LOAD_START_CHECKS = {"kind": lambda d, dd, k: d.state.disk[dd].kind == k,
+                     "admit": lambda d, dd, k: A.admits(d.mgr, 1)}
 
 
 @dataclass
@@ -63,8 +92,23 @@ class ObjectDriver:
         return out
 
     def do(self, name, args):
+        """Run spec action ``name``; raises Refused (having changed nothing) when disabled."""
         with self.mgr.lock:
-            getattr(self, name)(*args)
+            try:
+                getattr(self, name)(*args)
+            except TransitionRefused as e:     # the table refused (not checked up front)
+                raise Refused("transition refused", (name, args, str(e))) from e
+
+    def restore(self, sys_state):
+        """Load an abstract state (spec.state.Sys): records into the pools (free lists and
+        counters rebuilt), requests, graphs, disk records and the indexer version."""
+        for p, recs in zip(self.pools, sys_state.mem):
+            p.load_records(list(recs))
+        self.state = DriverState(list(sys_state.req), list(sys_state.graph),
+                                 list(sys_state.disk))
+        self.mgr.miv = sys_state.miv
+        for cx in self.mgr.ctx.values():
+            cx.miv = sys_state.miv
 
     # -- helpers ---------------------------------------------------------------------------
     def _need(self, ok, what):
@@ -116,17 +160,20 @@ class ObjectDriver:
         self._fire(KINDS.index("idx"), i, "drop_stale")
 
     def bump_version(self):
-        self.mgr.bump_indexer_version()
+        self.mgr.bump_indexer_version(sweep=False)    # the spec's bump_version sweeps nothing
 
     # -- requests ------------------------------------------------------------------------------
     def _set_req(self, r, **kw):
         self.state.req[r] = self.state.req[r]._replace(**kw)
 
+    def _checks(self, checks, *args):
+        for name, fn in checks.items():
+            self._need(fn(self, *args), (name, args))
+
     def lookup(self, r, ref, H):
         cx = self.mgr.ctx[self.group]
-        # the phase only: the funnel below is the runtime's own (object_ready), under test
-        self._need(self.state.req[r].ph == IDLE, ("request busy", r))
-        self._need(can_hit_aligned(H, self.cfg.granule, (), ()), ("aligned", H))
+        # phase and alignment here; the funnel below is the runtime's own (object_ready)
+        self._checks(LOOKUP_CHECKS, r, ref, H)
         recs = [p.recs[i] for p, i in zip(self.pools, ref)]
         flags = [object_ready(KINDS[k], o, H, cx)[0] for k, o in enumerate(recs)]
         self._need(can_hit_groups(flags), ("funnel", H))
@@ -145,14 +192,14 @@ class ObjectDriver:
         self._all(r, "pin")
         self._set_req(r, ph=HELD)
 
-    def launch(self, r):
-        from hybridkv.lookup import Read
-        from hybridkv.pools import ObjRef
+    def reads(self, r):
+        """The request's pinned objects as the runtime's Read records."""
         q = self.state.req[r]
-        self._need(q.ph == HELD, ("not held", r))   # the version/epoch re-check is read_ok's
-        for k, i in enumerate(q.ref):
-            read = Read(ObjRef(KINDS[k], self.group, i), q.H, q.pv[k], q.pe[k])
-            self._need(self.mgr.read_ok(read), ("stale read", read))
+        return [Read(ObjRef(KINDS[k], self.group, i), q.H, q.pv[k], q.pe[k])
+                for k, i in enumerate(q.ref)]
+
+    def launch(self, r):
+        self._checks(LAUNCH_CHECKS, r)
         self._set_req(r, ph=RUNNING)
 
     def _idle(self, r):                      # an idle request forgets everything
@@ -175,14 +222,22 @@ class ObjectDriver:
     def capture(self, g, r):
         q = self.state.req[r]
         self._need(S.can_capture(self.abstract(), self.cfg, g, r), ("capture needs a running request", r))
-        self.state.graph[g] = Graph(1, q.ref, self._eps(q.ref), self.state.graph[g].bad)
+        # history: did the graph bake in an address its request had not pinned and validated?
+        sound = all(o.st == PINNED and o.ver == q.pv[k] and o.ep == q.pe[k]
+                    for k, o in enumerate(p.recs[i] for p, i in zip(self.pools, q.ref)))
+        bad = self.state.graph[g].bad if sound else 1
+        self.state.graph[g] = Graph(1, q.ref, self._eps(q.ref), bad)
 
     def replay(self, g):
         self._need(S.can_replay_graph(self.abstract(), self.cfg, g), ("replay", g))
+        gr = self.state.graph[g]                # history: a replay over moved addresses
+        if not (gr.cap == 1 and tuple(gr.eps) == self._eps(gr.ref)):
+            self.state.graph[g] = gr._replace(bad=1)
 
     def release_graph(self, g):
         z = (0,) * len(KINDS)                    # a released graph forgets its addresses
         self.state.graph[g] = self.state.graph[g]._replace(cap=0, ref=z, eps=z)
 
-    from hybridkv.driver_disk import (damage, drop, load_bad, load_cancel, load_ok,  # noqa
-                                      load_start, spill_crash, spill_done, spill_start)
+    from hybridkv.driver_disk import (damage, drop, load_bad, load_cancel,  # noqa: E402
+                                      load_ok, load_start, spill_crash, spill_done,
+                                      spill_start)

@@ -1,9 +1,16 @@
 """ObjectDriver's disk actions: DiskRec records fired through the DiskPrefixMachine table
-(spec guards: can_load_ok / can_load_bad), coupled to the memory object they copy."""
+(spec guards: can_load_ok / can_load_bad), coupled to the memory object they copy.  The
+cross-object conditions are the spec's own system guards: ``can_disk_target`` (the finishing
+event names the kind the record targets) on the driver's disk records, ``can_load_start``
+conjunct by conjunct through driver.LOAD_START_CHECKS (its admission conjunct is the runtime's
+own count, hybridkv.alloc.admits)."""
+from types import SimpleNamespace
+
 from hybridkv import alloc as A
 from hybridkv.driver import _DISK
 from spec import common
 from spec.disk import DiskRec
+from spec.system import can_disk_target
 
 BLANK = {f: 0 for f in DiskRec._fields if f != "st"}     # a freed slot forgets its copy
 
@@ -27,14 +34,15 @@ def spill_start(self, d, k, i):
     self._can(k, i, "pin")
     a, b, x = common.content(o)
     _disk_fire(self, d, "spill_start", kind=k, a=a, b=b, x=x, ver=o.ver, hdr=1, ck=1,
-               abi=self.cfg.kabi, off=0, tk=k, obj=i)
+               abi=self.cfg.kabi, off=0, ln=0, tk=k, obj=i)
     self.pools[k].fire(i, "pin")
 
 
 def _finish(event, mem_event, payload=False, **disk_fields):
     def act(self, d, k):
         rec = self.state.disk[d]
-        self._need(rec.tk == k, ("disk target", d, k))
+        self._need(can_disk_target(SimpleNamespace(disk=self.state.disk), self.cfg, d, k),
+                   ("disk target", d, k))
         _disk_can(self, d, event)
         self._can(k, rec.obj, mem_event)
         args = ((rec.a, rec.b, rec.x)[:len(self.pools[k].recs[0].CONTENT)],) if payload else ()
@@ -54,13 +62,14 @@ load_cancel = _finish("load_cancel", "load_bad")
 def damage(self, d, f):
     r, c = self.state.disk[d], self.cfg
     fields = ({"ck": 0, "b": 0}, {"hdr": 0, "a": c.max_pos - r.a},
-              {"abi": c.kabi + 1, "b": 0}, {"off": 1, "b": 0})[f]
+              {"abi": c.kabi + 1, "b": 0}, {"off": 1, "b": 0}, {"ln": 1, "b": 0})[f]
     _disk_can(self, d, "damage")
     _disk_fire(self, d, "damage", **fields)
 
 
 def load_start(self, d, k, i):
-    self._need(self.state.disk[d].kind == k and A.admits(self.mgr, 1), ("load_start", d, k))
+    from hybridkv.driver import LOAD_START_CHECKS     # spec can_load_start, conjunct by conjunct
+    self._checks(LOAD_START_CHECKS, d, k)
     _disk_can(self, d, "load_start")
     self._can(k, i, "load_start")
     _disk_fire(self, d, "load_start", tk=k, obj=i)

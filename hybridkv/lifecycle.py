@@ -1,11 +1,13 @@
 """CacheManager methods: free, release of pins, indexer version bumps, stats, invariants,
 and the disk tier's public face (prefetch, wait_loads, cancel_loads, spill_all)."""
+import functools
 from types import SimpleNamespace
 
 from hybridkv import alloc as A
 from hybridkv.checked import check_all
 from hybridkv.errors import BadArgument, Refused
-from hybridkv.locking import locked
+from hybridkv.calls import locked
+from hybridkv.pools import ObjRef
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
 from spec.system import can_bump_version
 
@@ -16,7 +18,8 @@ _ST = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned", LOADI
 def _release_reads(self, req):
     for r in req.reads:
         pk = (r.ref.kind, r.ref.group)
-        rec = self.pools[pk].fire(r.ref.block, "unpin")
+        self.pools[pk].fire(r.ref.block, "unpin")
+        rec = self.pools[pk].recs[r.ref.block]          # (an outdated indexer is swept)
         if rec.st == READY:
             if self.index.published(r.ref.kind, r.ref.group, r.ref.block):
                 A.make_eligible(self, r.ref)
@@ -48,9 +51,12 @@ def free(self, request_id):
 
 
 @locked
-def bump_indexer_version(self):
-    """New indexer weights: only at a quiescent point (spec can_bump_version); objects of
-    the old version stop covering any H (spec indexer.covers) and age out."""
+def bump_indexer_version(self, sweep=True):
+    """New indexer weights: only at a quiescent point (spec can_bump_version).  Objects of
+    the old version stop covering any H (spec indexer.covers); with ``sweep`` (the default)
+    the ones no request holds go back to the free list now (spec mark_stale + drop_stale)
+    and pinned ones as soon as their last pin is released.  The object driver bumps with
+    ``sweep=False``: the spec's bump_version changes the version only."""
     phases = [SimpleNamespace(ph=r.phase) for r in self.reqs.values()]
     if self.object_driver is not None:
         phases += self.object_driver.state.req
@@ -60,6 +66,34 @@ def bump_indexer_version(self):
     self.miv += 1
     for cx in self.ctx.values():
         cx.miv = self.miv
+    if sweep:
+        sweep_stale(self)
+
+
+def sweep_stale(self):
+    """Return every outdated indexer block to the free list through the tables: READY ones
+    now; pinned (or still in transit) ones are watched and swept when they land READY."""
+    for (kind, g), pool in self.pools.items():
+        if kind != "idx":
+            continue
+        pool.on_ready = functools.partial(_sweep_block, self, kind, g)
+        for b, rec in enumerate(pool.recs):          # once per bump: a full pass is fine
+            if rec.st != FREE and rec.iv != self.miv:
+                if rec.st in (READY, STALE):
+                    _sweep_block(self, kind, g, b)
+                else:
+                    pool.watch.add(b)
+
+
+def _sweep_block(self, kind, g, b):
+    pool = self.pools[(kind, g)]
+    rec = pool.recs[b]
+    if rec.iv == self.miv:
+        return
+    if rec.st == READY and pool.target(b, "mark_stale") is not None:
+        pool.fire(b, "mark_stale")
+    if pool.recs[b].st == STALE and pool.target(b, "drop_stale") is not None:
+        A.drop(self, ObjRef(kind, g, b), "drop_stale")
 
 
 @locked
@@ -89,16 +123,10 @@ def metrics_text(self):
 
 
 def check_invariants(self):
-    """Assert the spec invariants on the runtime state (see hybridkv.checked); raises
-    InvariantViolation naming the first that fails."""
+    """Assert every spec invariant on the whole runtime state (see hybridkv.checked);
+    raises InvariantViolation naming the first that fails."""
     with self.lock:
         check_all(self)
-        if self.disk_link is not None:
-            self.disk_link.check()
-            n = sum(p.n_writing for p in self.pools.values()) + self.disk_transit()
-            if n > self.cap:
-                from hybridkv.errors import InvariantViolation
-                raise InvariantViolation("admission_cap", (n, self.cap))
 
 
 def _link(self):

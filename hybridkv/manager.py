@@ -12,69 +12,32 @@ Contract (DESIGN §6):
 Every public call holds one re-entrant lock (the only lock: pools, index and policies are
 touched under it alone).  Bad input raises a named error from hybridkv.errors and changes
 nothing; AdmissionRefused changes nothing.  ``checked=True`` shadows every block with a
-python-statemachine instance and asserts the invariants after every public call.
+python-statemachine instance and asserts the invariants after every public call on the state
+the call touched, with a full sweep every ``check_every`` calls (hybridkv.checked).
 """
 import threading
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from hybridkv import alloc as A
-from hybridkv.errors import (BadArgument, BadSalt, BadTokens, CommitPastAllocation,
-                             DraftsPending, RequestBusy, UnknownRequest)
-from hybridkv.locking import locked as _locked
+from hybridkv.errors import (BadArgument, BadSalt, BadTokens, DraftsPending, RequestBusy,
+                             UnknownRequest)
+from hybridkv.calls import locked as _locked
 from hybridkv.index import PrefixIndex, extend_chain, root_key
-from hybridkv.lookup import HitPlan, run_funnel
+from hybridkv.lookup import HitPlan, run_funnel  # noqa: F401  (HitPlan: public)
 from hybridkv.metrics import Metrics
 from hybridkv.policy import ValuePolicy
 from hybridkv.pools import NO_LIMIT, GroupCtx, Pool
+from hybridkv.reqstate import Allocation, ReqState, _count  # noqa: F401  (Allocation: public)
 from hybridkv.spill import DiskLink
 from spec.state import HELD, LOOKED
-
-
-class Allocation(NamedTuple):
-    start: int
-    end: int
-    draft_end: int
-    tables: dict          # (kind, group) -> block ids this request reads or writes, in order
-
-
-@dataclass(eq=False)
-class ReqState:
-    rid: object
-    salt: bytes
-    root: bytes
-    tokens: list
-    keys: list
-    plan: HitPlan
-    phase: int = LOOKED
-    L: int = 0
-    A: int = 0
-    D: int = 0
-    reads: list = field(default_factory=list)
-    own: list = field(default_factory=list)
-    drafts: list = field(default_factory=list)
-    work: dict = field(default_factory=dict)
-    cow: dict = field(default_factory=dict)
-    pubd: set = field(default_factory=set)
-    points: list = field(default_factory=list)
-    recorded: set = field(default_factory=set)
-    snaps: dict = field(default_factory=dict)
-    snap_count: dict = field(default_factory=dict)
-    tags: dict = field(default_factory=dict)
-    branch: int = 0
-
-
-def _count(name, v, minimum=0):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise BadArgument(f"{name} must be an int >= {minimum}", v)
 
 
 class CacheManager:
     def __init__(self, layout, num_blocks=64, device="cpu", disk=None, checked=False,
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
-                 spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True):
+                 spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True, check_every=64):
         self.layout, self.device, self.disk, self.checked = layout, device, disk, checked
+        self.check_every = check_every     # checked mode: a full sweep every N calls
         self.vocab = vocab or layout.vocab
         self.every_n, self.max_iv, self.miv, self.clock = every_n, max_iv, 0, 0
         self.metrics = metrics or Metrics()
@@ -111,6 +74,7 @@ class CacheManager:
                   max_ver=cfg.max_ver, max_ep=cfg.max_ep, max_iv=cfg.max_iv)
         for cx in mgr.ctx.values():
             cx.kabi = cfg.kabi
+            cx.blocks = getattr(cfg, "blocks", cx.blocks)
         mgr.spec_cfg = cfg
         return mgr
 
@@ -243,37 +207,8 @@ class CacheManager:
             tables.setdefault((ref.kind, ref.group), []).append(ref.block)
         return Allocation(start, end, dend, {k: tuple(v) for k, v in tables.items()})
 
-    def _extend_tokens(self, req, n, token_ids):
-        """The request's tokens once positions [L, L+n) are committed (generated tokens
-        come in ``token_ids``; prompt tokens are already known and must agree)."""
-        tokens, L = req.tokens, req.L
-        if token_ids is None:
-            if len(tokens) < L + n:
-                raise BadTokens("commit needs the ids of generated tokens", (len(tokens), L + n))
-            return tokens
-        extra = self._tokens(token_ids)
-        if len(extra) != n:
-            raise BadTokens("token_ids must hold num_tokens ids", (len(extra), n))
-        known = tokens[L:L + n]
-        if extra[:len(known)] != known:
-            raise BadTokens("token_ids disagree with the prompt", (L, known, extra[:len(known)]))
-        return tokens if len(known) == n else tokens[:L] + extra
-
-    @_locked
-    def commit(self, request_id, num_tokens, token_ids=None):
-        req = self._req(request_id)
-        _count("num_tokens", num_tokens)
-        if req.phase == LOOKED or num_tokens > req.A - req.L:
-            raise CommitPastAllocation("commit past allocation",
-                                       (num_tokens, req.A - req.L if req.phase != LOOKED else 0))
-        tokens = self._extend_tokens(req, num_tokens, token_ids)
-        req.tokens = tokens
-        extend_chain(req.keys, req.root, tokens, self.layout.granule)
-        req.L += num_tokens
-        A.publish(self, req)
-        A.seal_committed(self, req)
-
-    from hybridkv.drafts import accept_drafts, reject_drafts   # noqa: E402  (methods)
+    from hybridkv.commit import _extend_tokens, commit   # noqa: E402  (methods)
+    from hybridkv.drafts import accept_drafts, reject_drafts   # noqa: E402
     from hybridkv.reads import begin_read, pin, read_ok, set_kernel_version, unpin  # noqa
     from hybridkv.lifecycle import (_release_reads, bump_indexer_version, check_invariants,  # noqa
                                     free, metrics_text, objects, stats)

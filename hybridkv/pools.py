@@ -37,10 +37,11 @@ class ObjRef(NamedTuple):
 
 class GroupCtx:
     """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
-    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi")
+    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
 
     def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
         self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
+        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
         self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
 
 
@@ -71,6 +72,8 @@ class Pool:
         self.is_free = bytearray(b"\x01") * num_blocks
         self.n_free, self.n_writing = num_blocks, 0
         self.shadows = [CheckedMachine(self.table) for _ in range(num_blocks)] if checked else None
+        self.touched = set()      # checked mode: blocks changed since the last check
+        self.watch, self.on_ready = set(), None   # on_ready(b) once a watched b lands READY
 
     # -- data -------------------------------------------------------------------------------
     def view(self, b):
@@ -99,11 +102,15 @@ class Pool:
         new = (effect(rec, cx, *args) if effect is not None else rec)._replace(st=tgt)
         if self.shadows is not None:
             self.shadows[b].follow(rec.st, event, rec, cx, tgt)
+            self.touched.add(b)
         self.recs[b] = new
         if rec.st != tgt:
             self._moved(b, rec.st, tgt)
         if self.on_transition is not None:
             self.on_transition(self.kind, rec.st, tgt)
+        if tgt == READY and b in self.watch:
+            self.watch.discard(b)
+            self.on_ready(b)
         return new
 
     def _moved(self, b, old, new):
@@ -144,6 +151,11 @@ class Pool:
         self.abi_of[b] = self.abi
         return self.fire(b, "draft" if draft else "write", p, draft)
 
+    def touch(self, b):
+        """Checked mode: block b's bookkeeping (index, policy) changed without an event."""
+        if self.shadows is not None:
+            self.touched.add(b)
+
     def relocate(self, b):
         """Move block b's data to the spare slot (address changes), spec ``relocate``."""
         rec = self.recs[b]
@@ -152,6 +164,21 @@ class Pool:
         self.slots[self.spare].copy_(self.slots[old])
         self.phys[b], self.spare = self.spare, old
         return self.fire(b, "relocate")
+
+    def load_records(self, recs):
+        """Replace every block's spec record (e.g. an abstract start state) and rebuild the
+        free list, counters and checked-mode shadows from them."""
+        if len(recs) != self.n or any(type(r) is not self.rec_type for r in recs):
+            raise BadArgument("records do not fit this pool", (self.kind, len(recs)))
+        self.recs = list(recs)
+        self.is_free = bytearray(r.st == FREE for r in recs)
+        self.free = [b for b in range(self.n - 1, -1, -1) if recs[b].st == FREE]
+        self.n_free, self.n_writing = len(self.free), sum(r.st == WRITING for r in recs)
+        if self.shadows is not None:
+            self.shadows = [CheckedMachine(self.table) for _ in recs]
+            for sh, r in zip(self.shadows, recs):
+                sh.sm.current_state_value = r.st
+        self.touched.update(range(self.n))
 
     # -- integrity ------------------------------------------------------------------------------
     def check_integrity(self):
@@ -169,14 +196,23 @@ class Pool:
             bad.append(("n_writing", self.n_writing, n_w))
         if sorted(self.phys + [self.spare]) != list(range(self.n + 1)):
             bad.append(("phys", self.phys, self.spare))
-        for b, r in enumerate(self.recs):
+        return bad + self.check_blocks(range(self.n))
+
+    def check_blocks(self, blocks):
+        """Problems of single blocks (checked mode checks the touched ones after each call):
+        free flag, pins, a FREE record's fields, counter bounds, address, shadow machine."""
+        bad, recs, cx = [], self.recs, self.ctx
+        for b in blocks:
+            r = recs[b]
+            if (r.st == FREE) != bool(self.is_free[b]):
+                bad.append(("free-flag", b, r.st))
             if (r.st == PINNED) != (r.pins >= 1) or r.pins < 0:
                 bad.append(("pins", b, r))
             if r.st == FREE and (r.draft or r.pins):
                 bad.append(("free-record", b, r))
-            if r.ver > self.ctx.max_ver or r.ep > self.ctx.max_ep:
+            if r.ver > cx.max_ver or r.ep > cx.max_ep:
                 bad.append(("counter", b, r))
-            if not self.bytes_ok(b):
+            if self.phys[b] == self.spare or not self.bytes_ok(b):
                 bad.append(("align", b, self.addr(b)))
             if self.shadows is not None and self.shadows[b].sm.current_state_value != r.st:
                 bad.append(("shadow", b, r.st))

@@ -1,7 +1,7 @@
 """CacheManager methods: taking a plan (pin), giving it back (unpin), the TOCTOU re-check
 right before a launch (begin_read), and kernel ABI changes."""
 from hybridkv.errors import BadArgument, RequestBusy, StaleRead
-from hybridkv.locking import locked
+from hybridkv.calls import locked
 from spec.funnel import can_read_pinned
 from spec.state import HELD, LOOKED, RUNNING
 

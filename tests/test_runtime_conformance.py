@@ -194,6 +194,9 @@ def test_conformance_reaches_enabled_actions():
                 for k in range(NK):
                     m.make_ready(k, 0, H)
                 m.lookup_best(r, H)
+                other = (r + 1) % CFG.n_req          # a second lookup, not taken
+                m.lookup_best(other, H)
+                m.apply("forget", (other,))
                 m.pin_launch(r)
                 m.graph_cycle(r, rng.randrange(NK), rng.randrange(CFG.n_obj), rng.random() < 0.5)
             m.spec_invariants()

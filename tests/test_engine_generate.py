@@ -121,8 +121,13 @@ def test_demo_json_reports_reuse_and_no_mismatch(capsys):
     rc = demo.run(p.parse_args(["--json", "--tenants", "2", "--conversations", "1",
                                 "--turns", "2", "--new-tokens", "4"]))
     d = json.loads(capsys.readouterr().out)
-    assert rc == 0 and d["mismatches"] == 0 and d["requests"] == 4
+    assert rc == 0 and d["mismatches"] == 0 and d["requests"] == 2 * 1 * (2 + 1)
     assert d["reuse_tokens"] > 0 and d["reuse_tokens"] == d["plan_reuse_tokens"]
+    # the turn after the restart resumed from verified disk loads, model state included
+    assert d["disk"]["disk_hits"] == 2 and d["disk"]["ckpt_loads"] == 2
+    assert d["disk"]["object_spills"] > 0 and d["disk"]["object_loads_verified"] > 0
+    assert [r["from_disk"] for r in d["requests_detail"]] == [0, 0, 0, 0, 1, 1]
+    assert d["proof"]["all_proven"] and "hit_soundness" in d["proof"]["invariants"]
 
 
 def test_worked_embedding_example_matches_engine():

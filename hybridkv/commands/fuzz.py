@@ -2,15 +2,18 @@
 import json
 import sys
 
+from hybridkv.engine.bugs import BUGS
+
 NAME = "fuzz"
-HELP = ("random multi-tenant multi-turn conversations, floods, version bumps, drafts and "
-        "relocations through hk.Engine; every output checked against a cold recompute")
+HELP = ("random multi-tenant multi-turn conversations, floods, disk spills and faults, version "
+        "bumps, drafts and relocations through hk.Engine; every output checked against a cold "
+        "recompute, every invariant after every rule")
 
 
 def add_arguments(parser):
     parser.add_argument("--examples", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20, help="rules per example")
-    parser.add_argument("--bug", default=None, choices=("keep_rejected_drafts", "ignore_plan"),
+    parser.add_argument("--bug", default=None, choices=[b for b in BUGS if b],
                         help="seed an engine bug (the run should then fail)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="stop at the first failure (no shrunk trace; faster)")
@@ -28,15 +31,19 @@ def run(args):
     r = fuzz.run(args.examples, bug=args.bug, steps=args.steps, tick=lambda: bar.update(1),
                  shrink=not args.no_shrink)
     bar.close()
-    out = {"examples": r.examples, "failures": r.failures, "seconds": r.seconds}
+    out = {"examples": r.examples, "failures": r.failures, "seconds": r.seconds,
+           "rules": r.rules, "effects": r.effects}
     if args.bug:
         out["bug"] = args.bug
     if r.failures:
         out["find_seconds"] = r.find_seconds
+        out["error"] = r.error
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{r.examples} examples, {r.failures} failures, {r.seconds} s")
+        print("examples per rule:   " + ", ".join(f"{k} {v}" for k, v in r.rules.items()))
+        print("examples per effect: " + ", ".join(f"{k} {v}" for k, v in r.effects.items()))
     if r.trace:
         print(r.trace, file=sys.stderr)
     return 1 if r.failures else 0

@@ -16,29 +16,39 @@ Per request and step the engine drives the manager exactly as an external engine
   drafts: commit the real token, accept_drafts(accepted) / reject_drafts(); the model state
           is restored from the pre-draft checkpoint and the accepted tokens re-run
   cache.free(rid) when done or preempted
+Disk tier (a manager built with disk=DiskTier(...)): before every lookup the store demotes
+model state whose manager objects were evicted (its file goes to the tier, see ckpts.py); a plan
+that reaches further through disk copies (disk_choice load | wait) is prefetched, the loads
+awaited (``load_timeout``) and the prompt looked up again; the model state at the new H then
+comes through a verified load of its own file.  Any failed load is a shorter H or a recompute.
+``stats()`` counts disk hits, loads and failures, drafts and graph replays.
 """
-import torch
+from collections import Counter
 
+from hybridkv.engine import bugs
 from hybridkv.engine.ckpts import CheckpointStore
 from hybridkv.engine.drafter import NgramDrafter
 from hybridkv.engine.graph import DecodeGraph
 from hybridkv.engine.scheduler import CannotSchedule, Request, Scheduler
+from hybridkv.engine.speculate import Speculation
 from hybridkv.errors import AdmissionRefused, BadArgument, BadSalt, BadTokens, StaleRead
 from hybridkv.model.cache import SeqState
 
-BUGS = (None, "keep_rejected_drafts", "ignore_plan")
+BUGS = bugs.BUGS
 
 
-class Engine:
+class Engine(Speculation):
     def __init__(self, model, cache, chunk=8, max_running=4, step_tokens=64,
-                 num_draft_tokens=0, drafter=None, model_blocks=1024, graph=True, bug=None):
+                 num_draft_tokens=0, drafter=None, model_blocks=1024, graph=True, bug=None,
+                 load_timeout=10.0):
         if chunk < 1 or chunk % cache.layout.granule:
             raise BadArgument("chunk must be a positive multiple of the hash granule", chunk)
         if bug not in BUGS:
             raise BadArgument("unknown seeded bug", bug)
         self.model, self.cache, self.chunk, self.bug = model, cache, chunk, bug
         self.mc = model.new_cache(model_blocks)
-        self.store = CheckpointStore(cache)
+        self.store = CheckpointStore(cache, model)
+        self.load_timeout, self.counts = load_timeout, Counter()
         self.sched = Scheduler(max_running, step_tokens)
         self.graph = DecodeGraph(self.mc) if graph else None
         self.spec_k = num_draft_tokens
@@ -74,25 +84,63 @@ class Engine:
         self.last_outputs = [r.result() for r in reqs]
         return [list(r.out) for r in reqs]
 
+    def stats(self):
+        """Engine counters: disk (prefetches, verified object loads and failures, hits, model
+        checkpoint spills / loads / failed loads, recompute fallbacks), graph, drafts."""
+        out = dict(self.counts)
+        sc = self.store.counts
+        out.update(ckpt_spills=sc["spilled"], ckpt_spill_failed=sc["spill_failed"],
+                   ckpt_loads=sc["loaded"], ckpt_load_failures=sc["load_failed"],
+                   ckpt_demoted=sc["demoted"], ckpts_in_memory=len(self.store))
+        for k in ("disk_prefetches", "disk_obj_loads", "disk_obj_load_failures", "disk_hits",
+                  "recompute_fallbacks"):
+            out.setdefault(k, 0)
+        link = self.cache.disk_link
+        out["disk_obj_spills"] = link.counts["spilled"] if link is not None else 0
+        if self.graph is not None:
+            out.update(graph_captures=self.graph.captures, graph_replays=self.graph.replays,
+                       graph_refused=self.graph.refused, graph_cuda=self.graph.cuda)
+        return out
+
     # -- admission / preemption -----------------------------------------------------------
+    def _lookup(self, req):
+        """(plan, whether verified disk loads made it longer): see the module doc."""
+        self.store.sync()
+        plan = self.cache.lookup(req.rid, req.seq, req.salt)
+        link = self.cache.disk_link
+        if link is None or plan.disk_tokens <= plan.reuse_tokens or \
+                plan.disk_choice not in ("load", "wait"):
+            return plan, False
+        before = dict(link.counts)
+        self.counts["disk_prefetches"] += 1
+        self.cache.prefetch(req.rid)
+        self.cache.wait_loads(self.load_timeout)
+        self.counts["disk_obj_loads"] += link.counts["load_verified"] - before["load_verified"]
+        self.counts["disk_obj_load_failures"] += link.counts["load_miss"] - before["load_miss"]
+        again = self.cache.lookup(req.rid, req.seq, req.salt)
+        return again, again.reuse_tokens > plan.reuse_tokens
+
     def _start(self, req):
         seq = req.seq
-        plan = self.cache.lookup(req.rid, seq, req.salt)
+        plan, via_disk = self._lookup(req)
         req.hits.append(plan)
         H = plan.reuse_tokens
         req.mstart, req.begun = H, False
+        lost_ok = False
         if self.bug == "ignore_plan":          # seeded bug: longest stored state, plan or not
-            H = max([h for h in range(len(seq) - 1, 0, -1)
-                     if self.store.get(seq, req.salt, h)] or [0])
+            H, lost_ok = bugs.ignore_plan(self, req, plan)
         st = None
         if H:
-            e = self.store.get(seq, req.salt, H)
+            e = self.store.get(seq, req.salt, H, lost_ok=lost_ok)
             if e is not None:
                 st = SeqState.restore(self.mc, e.ckpt)
                 req.schedule = list(e.schedule)
                 req.reused += H
+                self.counts["disk_hits"] += via_disk
+                req.disk_hits += via_disk
             else:
                 req.missing_ckpt += 1
+                self.counts["recompute_fallbacks"] += 1
         if st is None:
             st, req.schedule = SeqState(self.mc), []
         req.state = st
@@ -180,59 +228,3 @@ class Engine:
         if st.length == len(seq):
             req.out.append(int(logits[-1].argmax()))
         return n
-
-    def _run(self, st, toks, cuts):
-        """Forward ``toks`` split at the absolute positions ``cuts``; returns (logits,
-        chunk bounds, {H: checkpoint at each cut})."""
-        L, out, pieces, cks = st.length, [], [], {}
-        bounds = [L] + [p for p in cuts if L < p < L + len(toks)] + [L + len(toks)]
-        for a, b in zip(bounds, bounds[1:]):
-            out.append(self.model.forward(toks[a - L:b - L], st))
-            pieces.append((a, b))
-            if b < bounds[-1]:
-                cks[b] = st.checkpoint()
-        return torch.cat(out), pieces, cks
-
-    def _speculate(self, req, d):
-        """One decode step with drafts ``d``.  Model checkpoints at aligned positions inside
-        the step (where the manager may record a checkpoint) are stored only once they lie
-        within the accepted tokens: nothing computed for a rejected draft is ever kept."""
-        seq, st = req.seq, req.state
-        L, last = st.length, seq[-1]
-        gran = self.cache.layout.granule
-        if self._allocate(req, 1, len(d)) is None:
-            return 0
-        before = st.checkpoint()
-        cuts = [p for p in range(L + 1, L + 1 + len(d)) if p % gran == 0]
-        logits, pieces, cks = self._run(st, [last] + d, cuts)
-        j = 0
-        while j < len(d) and int(logits[j].argmax()) == d[j]:
-            j += 1
-        self.cache.commit(req.rid, 1, [last])
-        if j:
-            self.cache.accept_drafts(req.rid, d[:j])
-        else:
-            self.cache.reject_drafts(req.rid)
-        E = L + 1 + j
-        if j < len(d):
-            if self.bug == "keep_rejected_drafts":     # seeded bug: only the length rolls back
-                st.length, pieces, cks = E, [(L, E)], {}
-                nxt = int(logits[j].argmax())
-            else:
-                st.free()
-                st = req.state = SeqState.restore(self.mc, before)
-                logits, pieces, cks = self._run(st, [last] + d[:j], cuts)
-                nxt = int(logits[-1].argmax())
-        else:
-            nxt = int(logits[-1].argmax())
-        req.schedule += pieces
-        req.recomputed += 1 + j
-        req.drafted += len(d)
-        req.accepted += j
-        req.out += d[:j] + [nxt]
-        for H, ck in cks.items():
-            if H <= E:
-                self.store.put_at(req.seq, req.salt, H, ck,
-                                  [s for s in req.schedule if s[1] <= H])
-        self.store.put(req.seq, req.salt, st, req.schedule)
-        return 1 + len(d)

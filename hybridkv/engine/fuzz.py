@@ -1,20 +1,28 @@
 """End-to-end stateful fuzzing of the engine (hypothesis): random multi-tenant, multi-turn
-conversations with shared prefixes, plus cache floods (evictions, preemptions), indexer version
-bumps, draft settings and pool relocations.  After every generation each output must equal a
-cold recompute with the same chunking, the model checkpoint store must hold nothing beyond
-committed tokens, and ``cache.check_invariants()`` must hold.
+conversations with shared prefixes and drafts, plus cache floods (capacity pressure:
+evictions, which spill with a disk tier), forced spills, disk faults (files truncated or bit-
+flipped, reads failing with EIO through the tier's HookedBackend), indexer version bumps and
+pool relocations.  After every generation each output must equal a cold recompute with the
+same chunking; after every rule ``cache.check_invariants()`` holds, every stored model
+checkpoint ends exactly at its H, and draft isolation holds end to end: every checkpoint the
+prefix index or the model store holds is a prefix of a sequence that was really committed.
 
-``make_machine(bug=None)`` returns the RuleBasedStateMachine class (``bug`` seeds an engine
-bug, see hybridkv.engine.engine.BUGS); ``run(examples, bug=None)`` runs it and reports."""
+``make_machine(bug=None, ...)`` returns the RuleBasedStateMachine class (``bug`` seeds an
+engine bug, hybridkv.engine.bugs); ``run(examples, bug=None)`` runs it and reports, with how
+many examples exercised each rule (``rules``) and each effect (``effects``: e.g. a disk hit, a
+failed load, a rejected draft, a re-capture after relocation)."""
 import contextlib
 import io
 import sys
 import time
+from collections import defaultdict
 from typing import NamedTuple
 
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
+
+from hybridkv.engine import fuzzdisk
 
 SYSTEM = [(37 * i + 11) % 256 for i in range(24)]
 _MODEL = []
@@ -33,6 +41,9 @@ class FuzzResult(NamedTuple):
     seconds: float
     trace: str           # hypothesis' shrunk falsifying example ("" when none)
     find_seconds: float  # time until the first failing example (-1 when none failed)
+    error: str = ""      # the final (shrunk) failure: "ExceptionType: message"
+    rules: dict = {}     # rule -> examples that ran it
+    effects: dict = {}   # effect -> examples where it happened
 
 
 def _drafter():
@@ -47,18 +58,23 @@ def _drafter():
     return FuzzDrafter(8)
 
 
-def make_machine(bug=None, counter=None, tick=None, first=None):
+def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
     import functools
 
     import hybridkv as hk
     from hybridkv.engine import Engine, cold_mismatches
+    from hybridkv.index import extend_chain, root_key
+    seen = defaultdict(set) if seen is None else seen
 
     def rec(fn):
-        """Record when the first failure happened (before hypothesis starts shrinking)."""
+        """Count the rule per example; record when the first failure happened (before
+        hypothesis starts shrinking)."""
         @functools.wraps(fn)
-        def wrapped(*a, **kw):
+        def wrapped(self, *a, **kw):
+            if counter is not None and fn.__name__ != "cache_ok":
+                seen["rule:" + fn.__name__].add(counter[0])
             try:
-                return fn(*a, **kw)
+                return fn(self, *a, **kw)
             except Exception:
                 if first is not None:
                     first[0].setdefault("t", time.time() - first[1])
@@ -66,84 +82,195 @@ def make_machine(bug=None, counter=None, tick=None, first=None):
         return wrapped
 
     class EngineMachine(RuleBasedStateMachine):
-        @initialize(blocks=st.integers(28, 64), k=st.integers(0, 3), chunk=st.sampled_from([4, 8]))
-        def setup(self, blocks, k, chunk):
+        @initialize(blocks=st.integers(12, 32), k=st.integers(0, 3),
+                    chunk=st.sampled_from([4, 8]),
+                    disk=st.sampled_from([True, True, True, False]),
+                    small_tier=st.booleans(), tenant=st.integers(0, 2),
+                    shared=st.integers(0, 24),
+                    user=st.lists(st.integers(0, 15), min_size=1, max_size=8))
+        def setup(self, blocks, k, chunk, disk, small_tier, tenant, shared, user):
             if counter is not None:
                 counter[0] += 1
                 if tick:
                     tick()
-            self.cache = hk.CacheManager(hk.ModelLayout.v4_mini(), num_blocks=blocks)
+            self.ex = counter[0] if counter is not None else 0
+            self.fs = fuzzdisk.FaultyTier(small_tier) if disk else None
+            self.cache = hk.CacheManager(hk.ModelLayout.v4_mini(), num_blocks=blocks,
+                                         disk=self.fs.tier if disk else None)
             self.eng = Engine(model(), self.cache, chunk=chunk, num_draft_tokens=k,
-                              max_running=3, bug=bug, drafter=_drafter())
-            self.convs = []          # (salt, tokens so far)
+                              max_running=3, bug=bug, drafter=_drafter(), load_timeout=5.0)
+            self.convs = [(b"t%d" % tenant, SYSTEM[:shared] + user)]   # (salt, tokens)
+            self.legit = set()       # chain keys of every committed prefix
+            self.last = self.eng.stats()
+
+        def teardown(self):
+            if getattr(self, "fs", None) is not None:
+                self.fs.close()
+
+        def _effects(self, outs):
+            s = self.eng.stats()
+            d = {k: s[k] - self.last.get(k, 0) for k in s if isinstance(s[k], int)}
+            self.last = s
+            eff = {"disk_hit": d["disk_hits"], "disk_spill": d["disk_obj_spills"] +
+                   d["ckpt_spills"], "ckpt_disk_load": d["ckpt_loads"],
+                   "load_failure": d["disk_obj_load_failures"] + d["ckpt_load_failures"],
+                   "recompute_fallback": d["recompute_fallbacks"],
+                   "recapture_after_relocation": d.get("graph_refused", 0),
+                   "draft_accepted": sum(o.accepted for o in outs),
+                   "draft_rejected": sum(o.drafted - o.accepted for o in outs),
+                   "preemption": sum(o.preemptions for o in outs),
+                   "prefix_hit": sum(o.reused_tokens > 0 for o in outs)}
+            for k, v in eff.items():
+                if v:
+                    seen["effect:" + k].add(self.ex)
+
+        def _generate(self, prompts, new, salts):
+            outs = self.eng.generate(prompts, new, salts=salts)
+            res = self.eng.last_outputs
+            for o in res:
+                root = root_key(self.cache.layout, o.salt)
+                self.legit.update(extend_chain([], root, list(o.prompt) + list(o.tokens),
+                                               self.cache.layout.granule))
+            for o in res:
+                bad = cold_mismatches(model(), o)
+                assert bad == 0, (f"output mismatch: {bad} of {len(o.tokens)} tokens differ "
+                                  f"from the cold run with the same chunking (prompt "
+                                  f"{len(o.prompt)} tokens, resumed at "
+                                  f"{[h.reuse_tokens for h in o.hits]})")
+                planned = sum(h.reuse_tokens for h in o.hits)
+                assert o.reused_tokens <= planned, \
+                    f"resumed {o.reused_tokens} tokens past the HitPlans' {planned}"
+            self._effects(res)
+            return outs
 
         @rule(tenant=st.integers(0, 2), shared=st.integers(0, 24),
               user=st.lists(st.integers(0, 15), min_size=1, max_size=8))
+        @rec
         def new_conversation(self, tenant, shared, user):
             if len(self.convs) < 6:
                 self.convs.append((b"t%d" % tenant, SYSTEM[:shared] + user))
 
-        @precondition(lambda self: self.convs)
         @rule(data=st.data(), new=st.integers(1, 8), k=st.sampled_from([3, 2, 0, 1]))
         @rec
         def turn(self, data, new, k):
+            self._turn(data, new, k)
+
+        @rule(data=st.data(), new=st.integers(1, 8), k=st.sampled_from([3, 2, 0, 1]))
+        @rec
+        def follow_up(self, data, new, k):
+            """A second rule name for a turn: turns are what everything else acts on."""
+            self._turn(data, new, k)
+
+        def _turn(self, data, new, k):
             idx = data.draw(st.lists(st.integers(0, len(self.convs) - 1), min_size=1,
                                      max_size=3, unique=True))
             user = data.draw(st.lists(st.integers(0, 15), min_size=0, max_size=4))
+            self._turn_on(idx, user, new, k)
+
+        def _turn_on(self, idx, user, new, k):
             self.eng.spec_k = k
             prompts = [self.convs[i][1] + user for i in idx]
-            outs = self.eng.generate(prompts, new, salts=[self.convs[i][0] for i in idx])
-            for i, o, out in zip(idx, self.eng.last_outputs, outs):
-                bad = cold_mismatches(model(), o)
-                assert bad == 0, f"{bad} tokens differ from the cold run (conv {i})"
-                assert o.reused_tokens <= sum(h.reuse_tokens for h in o.hits)
-                self.convs[i] = (self.convs[i][0], list(o.prompt) + out)
+            outs = self._generate(prompts, new, [self.convs[i][0] for i in idx])
+            for i, p, out in zip(idx, prompts, outs):
+                self.convs[i] = (self.convs[i][0], p + out)
 
-        @rule(toks=st.lists(st.integers(0, 255), min_size=20, max_size=48))
+        def _peek(self, i):
+            salt, toks = self.convs[i]
+            plan = self.cache.lookup("fuzz-peek", toks, salt)
+            self.cache.free("fuzz-peek")
+            return plan
+
+        @precondition(lambda self: self.fs is not None)
+        @rule(i=st.integers(0, 5), toks=st.lists(st.integers(0, 255), min_size=20,
+                                                 max_size=48), new=st.integers(1, 4))
         @rec
-        def flood(self, toks):
-            o = self.eng.generate([toks], 2, salts=[b"flood"])[0]
-            assert cold_mismatches(model(), self.eng.last_outputs[0]) == 0, o
+        def evict_then_resume(self, i, toks, new):
+            """Floods until conversation i's longest checkpoint left memory (spilled), then
+            its next turn (which may resume from the disk tier)."""
+            i %= len(self.convs)
+            base = self._peek(i).reuse_tokens
+            for j in range(12 if base else 0):
+                self._generate([[(t + 53 * j) % 256 for t in toks]], 1, [b"flood"])
+                if self._peek(i).reuse_tokens < base:
+                    seen["effect:evicted"].add(self.ex)
+                    break
+            self._turn_on([i], [], new, 0)
 
-        @rule()
-        def bump_version(self):
-            self.cache.bump_indexer_version()
+        @rule(toks=st.lists(st.integers(0, 255), min_size=20, max_size=48),
+              count=st.integers(1, 6))
+        @rec
+        def flood(self, toks, count):
+            """Capacity pressure: ``count`` unrelated prompts, one after the other."""
+            for i in range(count):
+                self._generate([[(t + 41 * i) % 256 for t in toks]], 2, [b"flood"])
 
-        @rule(extra=st.integers(1, 16))
-        def relocate(self, extra):
-            self.eng.graph.relocate(extra)
+        @precondition(lambda self: self.fs is not None)
+        @rule(kind=st.sampled_from(["damage_files", "fail_reads"]),
+              mode=st.sampled_from(fuzzdisk.DAMAGE), what=st.sampled_from(["model", "object"]),
+              pick=st.integers(0, 1 << 20), n=st.integers(1, 4))
+        @rec
+        def disk_fault(self, kind, mode, what, pick, n):
+            seen["rule:" + kind].add(self.ex)
+            if kind == "fail_reads":
+                self.fs.fail_next_reads(n)
+            elif self.fs.damage(mode, what == "model", pick, n):
+                seen["effect:file_damaged"].add(self.ex)
+
+        @rule(kind=st.sampled_from(["relocate", "bump_version", "spill_all"]),
+              extra=st.integers(1, 16))
+        @rec
+        def perturb(self, kind, extra):
+            seen["rule:" + kind].add(self.ex)
+            if kind == "relocate":
+                self.eng.graph.relocate(extra)
+            elif kind == "bump_version":
+                self.cache.bump_indexer_version()
+            elif self.fs is not None:
+                self.cache.spill_all()
+                self.eng.store.spill_all()
 
         @invariant()
         @rec
         def cache_ok(self):
-            if hasattr(self, "cache"):
-                self.cache.check_invariants()
-                for e in self.eng.store.entries.values():     # nothing past committed tokens
-                    assert e.schedule[-1][1] == e.H and e.ckpt.H == e.H
+            if not hasattr(self, "cache"):
+                return
+            self.cache.check_invariants()
+            for e in self.eng.store.entries.values():     # nothing past committed tokens
+                assert e.schedule[-1][1] == e.H and e.ckpt.H == e.H, \
+                    f"model checkpoint at H={e.H} ends at {e.schedule[-1][1]}"
+            for key, ck in self.cache.index.ckpts.items():
+                assert key in self.legit, (f"draft isolation: the prefix index holds a "
+                                           f"checkpoint at H={ck.H} for tokens never committed")
+            for (key, _), e in self.eng.store.entries.items():
+                assert key in self.legit, (f"draft isolation: a model checkpoint at H={e.H} "
+                                           f"for tokens never committed")
 
     return EngineMachine
 
 
 def run(examples, bug=None, steps=20, tick=None, seed=None, shrink=True):
-    counter, first, t0 = [0], {}, time.time()
-    cls = make_machine(bug, counter, tick, (first, t0))
+    counter, first, t0, seen = [0], {}, time.time(), defaultdict(set)
+    cls = make_machine(bug, counter, tick, (first, t0), seen)
     from hypothesis import Phase
     phases = [p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain)]
     s = settings(max_examples=examples, stateful_step_count=steps, deadline=None,
                  suppress_health_check=list(HealthCheck), derandomize=seed is not None,
                  database=None, print_blob=False, phases=phases,
                  report_multiple_bugs=False)
-    trace, failures = "", 0
+    trace, failures, error = "", 0, ""
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
             run_state_machine_as_test(cls, settings=s)
     except Exception as e:                                  # noqa: BLE001 (report, not crash)
         failures = 1
+        error = f"{type(e).__name__}: {e}"
         notes = "\n".join(getattr(e, "__notes__", ()))      # hypothesis' falsifying steps
-        trace = buf.getvalue() + notes + f"\n{type(e).__name__}: {e}"
+        trace = buf.getvalue() + notes + f"\n{error}"
+    rules = {k[5:]: len(v) for k, v in sorted(seen.items()) if k.startswith("rule:")}
+    effects = {k[7:]: len(v) for k, v in sorted(seen.items()) if k.startswith("effect:")}
     return FuzzResult(counter[0], failures, round(time.time() - t0, 3), trace,
-                      round(first.get("t", -1.0), 3))
+                      round(first.get("t", -1.0), 3), error, rules, effects)
 
 
 if __name__ == "__main__":

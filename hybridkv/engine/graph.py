@@ -7,12 +7,15 @@ re-allocated, e.g. pool growth) makes the replay refused, and the guard re-captu
 buffers' *contents* are refreshed in place before every replay (a graph must never read a
 fixed buffer whose contents were not refreshed).
 
-On CPU (and, for now, on CUDA too -- V4Mini.forward has data-dependent shapes and host syncs,
-so it is not capturable) "replay" runs the eager decode step on the refreshed buffers' values;
-the guard path is the same one a real ``torch.cuda.CUDAGraph.replay`` would sit behind.
+What is replayed is hybridkv.engine.cudagraph.CapturedGather (layer 0's window gather through
+the static block table): a real ``torch.cuda.CUDAGraph`` when the model's pools are on CUDA
+(untested here: no GPU), the same callable run eagerly on CPU -- the guard path is identical.
+The rest of the decode step (V4Mini.forward: data-dependent shapes, host syncs) runs eagerly on
+the refreshed buffers.
 """
 import torch
 
+from hybridkv.engine.cudagraph import CapturedGather
 from kernels.guards import GuardedGraph, LaunchRefused
 
 
@@ -22,11 +25,15 @@ class DecodeGraph:
         self.max_blocks = max_blocks
         self.bufs = self._alloc(max_blocks)
         self.graph, self.captures, self.replays, self.refused = None, 0, 0, 0
+        self.kernel = None
+        self.cuda = self.mc.pools[("swa", 0)].is_cuda
 
     def _alloc(self, n):
-        return {"block_table": torch.full((n,), -1, dtype=torch.long),
-                "slot": torch.zeros((1,), dtype=torch.long),
-                "position": torch.zeros((1,), dtype=torch.long)}
+        dev, cfg = self.mc.device, self.mc.cfg
+        return {"block_table": torch.full((n,), -1, dtype=torch.long, device=dev),
+                "slot": torch.zeros((1,), dtype=torch.long, device=dev),
+                "position": torch.zeros((1,), dtype=torch.long, device=dev),
+                "window": torch.zeros((n, cfg.swa_block, cfg.head_dim), device=dev)}
 
     def _current(self):
         cur = dict(self.bufs)
@@ -34,8 +41,15 @@ class DecodeGraph:
         return cur
 
     def _capture(self):
-        self.graph = GuardedGraph(lambda: None, self._current())
+        self.kernel = CapturedGather(self.mc.pools[("swa", 0)], self.bufs["block_table"],
+                                     self.bufs["window"])
+        self.graph = GuardedGraph(self.kernel.replay, self._current())
         self.captures += 1
+
+    @property
+    def mismatches(self):
+        """CUDA replays whose output differed from the eager gather (0 on CPU)."""
+        return self.kernel.mismatches if self.kernel is not None else 0
 
     def relocate(self, extra_blocks=8):
         """Grow every model pool by ``extra_blocks`` (new tensors: every address moves)."""
@@ -67,7 +81,9 @@ class DecodeGraph:
         self._refresh(state)
         if self.graph is None:
             self._capture()
-        if not self.skip_guard:
+        if self.skip_guard:
+            self.kernel.replay()                  # seeded bug: replay without the guard
+        else:
             try:
                 self.graph.replay(self._current())
             except LaunchRefused:

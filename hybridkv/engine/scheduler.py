@@ -24,6 +24,7 @@ class RequestOutput(NamedTuple):
     preemptions: int
     drafted: int
     accepted: int
+    disk_hits: int = 0       # admissions that resumed at an H reached through disk loads
 
 
 @dataclass(eq=False)
@@ -44,6 +45,7 @@ class Request:
     drafted: int = 0
     accepted: int = 0
     missing_ckpt: int = 0
+    disk_hits: int = 0
 
     @property
     def seq(self):
@@ -56,7 +58,8 @@ class Request:
     def result(self):
         return RequestOutput(self.index, tuple(self.prompt), tuple(self.out), self.salt,
                              tuple(self.schedule), self.reused, self.recomputed,
-                             tuple(self.hits), self.preemptions, self.drafted, self.accepted)
+                             tuple(self.hits), self.preemptions, self.drafted, self.accepted,
+                             self.disk_hits)
 
 
 class CannotSchedule(Exception):

@@ -10,9 +10,11 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from hybridkv.index import obj_key
+from hybridkv.pools import ObjRef
 
 ON_DISK_STATES = ("on_disk", "verified", "loading")
 NO_GROUPS = MappingProxyType({})
+DISK_KIND = {"comp": "compressed_kv", "tail": "tail", "swa": "swa", "idx": "indexer"}
 
 
 class DiskRead(NamedTuple):
@@ -25,6 +27,16 @@ class DiskRead(NamedTuple):
     ikey: bytes        # index object key it is published under once verified
     state: str         # on_disk | verified | loading
     nbytes: int
+
+
+class Load(NamedTuple):
+    """One load in flight (hybridkv.spill.DiskLink.loads): its block is LOADING."""
+    ref: ObjRef
+    ikey: bytes
+    at: int
+    handle: object
+    nbytes: int
+    ckpt: object       # Checkpoint to record once verified (exact objects), or None
 
 
 def disk_key(ikey, kind):

@@ -17,32 +17,19 @@ tok_hi is the position the object covers, tok_lo its second content field.
 """
 import collections
 import time
-from typing import NamedTuple
 
 from hybridkv import alloc as A
-from hybridkv.diskplan import disk_key
+from hybridkv.diskplan import DISK_KIND, Load, disk_key
 from hybridkv.disk.format import DiskError, DiskMeta, abi_id, key_of
 from hybridkv.errors import AdmissionRefused, InvariantViolation
 from hybridkv.pools import REC, ObjRef
 from spec.common import LOADING, READY
 
-DISK_KIND = {"comp": "compressed_kv", "tail": "tail", "swa": "swa", "idx": "indexer"}
-
-
-class _Load(NamedTuple):
-    ref: ObjRef
-    ikey: bytes
-    at: int
-    handle: object
-    nbytes: int
-    ckpt: object       # Checkpoint to record once verified (exact objects), or None
-
-
 class DiskLink:
     def __init__(self, mgr, tier, spill_kinds=tuple(DISK_KIND), spill_on_evict=True):
         self.mgr, self.tier = mgr, tier
         self.spill_kinds, self.spill_on_evict = frozenset(spill_kinds), spill_on_evict
-        self.loads = {}                  # disk key -> _Load (block LOADING, counted in transit)
+        self.loads = {}                  # disk key -> Load (block LOADING, counted in transit)
         self.pending = collections.OrderedDict()   # disk key -> queued load (holds nothing)
         self.known, self._listed, self.refresh_s = set(), -1e9, 1.0
         self.spilling = 0
@@ -189,7 +176,7 @@ class DiskLink:
         except (DiskError, OSError):
             pool.fire(b, "load_bad")
             return False
-        self.loads[r.key] = _Load(ObjRef(r.kind, r.group, b), r.ikey, r.at, h, r.nbytes, ckpt)
+        self.loads[r.key] = Load(ObjRef(r.kind, r.group, b), r.ikey, r.at, h, r.nbytes, ckpt)
         self.counts["loads_started"] += 1
         return True
 

@@ -22,6 +22,12 @@ from spec.state import initial
 from spec.step import step
 from spec.system import ACTIONS
 
+from proofs.flat import bv_to_int, flatten, leaf_paths, unflatten
+
+__all__ = ["ALWAYS_SYMBOLIC", "INIT", "SYMBOLIC_PARAMS", "BadConfig", "Encoding", "Instance",
+           "bv_to_int", "flatten", "instances", "leaf_paths", "unflatten", "unroll",
+           "width_for"]
+
 # arguments that may be symbolic when the spec only Selects/Stores with them; an action whose
 # function rejects a symbolic value (uses it as a Python index) gets them enumerated instead
 SYMBOLIC_PARAMS = ("i", "p", "H", "ref", "r", "d", "g")
@@ -34,33 +40,6 @@ class BadConfig(ValueError):
     def __init__(self, msg, value):
         super().__init__(f"{msg}: {value!r}")
         self.value = value
-
-
-# ---- flatten / unflatten nested NamedTuples ------------------------------------------------
-def leaf_paths(value, prefix=""):
-    """Dotted/indexed names of every int leaf, in flatten order."""
-    if isinstance(value, tuple):
-        named = hasattr(value, "_fields")
-        out = []
-        for j, x in enumerate(value):
-            sub = f"{prefix}.{value._fields[j]}" if named else f"{prefix}[{j}]"
-            out += leaf_paths(x, sub)
-        return out
-    return [prefix.lstrip(".")]
-
-
-def flatten(value):
-    if isinstance(value, tuple):
-        return [leaf for x in value for leaf in flatten(x)]
-    return [value]
-
-
-def unflatten(template, leaves):
-    """Same shape as ``template`` with leaves taken in order from the iterator ``leaves``."""
-    if isinstance(template, tuple):
-        vals = [unflatten(x, leaves) for x in template]
-        return type(template)(*vals) if hasattr(template, "_fields") else tuple(vals)
-    return next(leaves)
 
 
 def width_for(c, headroom=0):
@@ -79,12 +58,6 @@ def width_for(c, headroom=0):
     if DISK_ALIGN & (DISK_ALIGN - 1) or DISK_ALIGN < 1 << w:
         w = max(w, DISK_ALIGN.bit_length() + 1)
     return w
-
-
-def bv_to_int(v, w):
-    """A model value read back as the spec's (non-negative) int; negatives kept signed."""
-    x = v.as_long()
-    return x - (1 << w) if x >= 1 << (w - 1) else x
 
 
 class Instance(NamedTuple):

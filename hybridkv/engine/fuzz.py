@@ -5,7 +5,8 @@ flipped, reads failing with EIO through the tier's HookedBackend), indexer versi
 pool relocations.  After every generation each output must equal a cold recompute with the
 same chunking; after every rule ``cache.check_invariants()`` holds, every stored model
 checkpoint ends exactly at its H, and draft isolation holds end to end: every checkpoint the
-prefix index or the model store holds is a prefix of a sequence that was really committed.
+prefix index or the model store holds is a prefix of a sequence that was really committed
+(the checks: hybridkv.engine.fuzzcheck).
 
 ``make_machine(bug=None, ...)`` returns the RuleBasedStateMachine class (``bug`` seeds an
 engine bug, hybridkv.engine.bugs); ``run(examples, bug=None)`` runs it and reports, with how
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from hybridkv.engine import fuzzdisk
+from hybridkv.engine import fuzzcheck, fuzzdisk
 
 SYSTEM = [(37 * i + 11) % 256 for i in range(24)]
 _MODEL = []
@@ -62,8 +63,7 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
     import functools
 
     import hybridkv as hk
-    from hybridkv.engine import Engine, cold_mismatches
-    from hybridkv.index import extend_chain, root_key
+    from hybridkv.engine import Engine
     seen = defaultdict(set) if seen is None else seen
 
     def rec(fn):
@@ -109,17 +109,8 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
 
         def _effects(self, outs):
             s = self.eng.stats()
-            d = {k: s[k] - self.last.get(k, 0) for k in s if isinstance(s[k], int)}
+            eff = fuzzcheck.effect_counts(self.last, s, outs)
             self.last = s
-            eff = {"disk_hit": d["disk_hits"], "disk_spill": d["disk_obj_spills"] +
-                   d["ckpt_spills"], "ckpt_disk_load": d["ckpt_loads"],
-                   "load_failure": d["disk_obj_load_failures"] + d["ckpt_load_failures"],
-                   "recompute_fallback": d["recompute_fallbacks"],
-                   "recapture_after_relocation": d.get("graph_refused", 0),
-                   "draft_accepted": sum(o.accepted for o in outs),
-                   "draft_rejected": sum(o.drafted - o.accepted for o in outs),
-                   "preemption": sum(o.preemptions for o in outs),
-                   "prefix_hit": sum(o.reused_tokens > 0 for o in outs)}
             for k, v in eff.items():
                 if v:
                     seen["effect:" + k].add(self.ex)
@@ -127,19 +118,8 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
         def _generate(self, prompts, new, salts):
             outs = self.eng.generate(prompts, new, salts=salts)
             res = self.eng.last_outputs
-            for o in res:
-                root = root_key(self.cache.layout, o.salt)
-                self.legit.update(extend_chain([], root, list(o.prompt) + list(o.tokens),
-                                               self.cache.layout.granule))
-            for o in res:
-                bad = cold_mismatches(model(), o)
-                assert bad == 0, (f"output mismatch: {bad} of {len(o.tokens)} tokens differ "
-                                  f"from the cold run with the same chunking (prompt "
-                                  f"{len(o.prompt)} tokens, resumed at "
-                                  f"{[h.reuse_tokens for h in o.hits]})")
-                planned = sum(h.reuse_tokens for h in o.hits)
-                assert o.reused_tokens <= planned, \
-                    f"resumed {o.reused_tokens} tokens past the HitPlans' {planned}"
+            self.legit.update(fuzzcheck.committed_keys(self.cache.layout, res))
+            fuzzcheck.check_outputs(model(), res)
             self._effects(res)
             return outs
 
@@ -234,16 +214,7 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
         def cache_ok(self):
             if not hasattr(self, "cache"):
                 return
-            self.cache.check_invariants()
-            for e in self.eng.store.entries.values():     # nothing past committed tokens
-                assert e.schedule[-1][1] == e.H and e.ckpt.H == e.H, \
-                    f"model checkpoint at H={e.H} ends at {e.schedule[-1][1]}"
-            for key, ck in self.cache.index.ckpts.items():
-                assert key in self.legit, (f"draft isolation: the prefix index holds a "
-                                           f"checkpoint at H={ck.H} for tokens never committed")
-            for (key, _), e in self.eng.store.entries.items():
-                assert key in self.legit, (f"draft isolation: a model checkpoint at H={e.H} "
-                                           f"for tokens never committed")
+            fuzzcheck.check_state(self.cache, self.eng.store, self.legit)
 
     return EngineMachine
 

@@ -89,7 +89,7 @@ def test_object_larger_than_capacity_is_refused_without_change(tmp_path):
 
 def test_loading_entry_is_never_evicted_and_admission_cap_refuses(tmp_path):
     t, ev = gated(tmp_path, capacity_bytes=1 << 24, max_in_flight=1)
-    size = t.spill(k(0), x(0), M).nbytes
+    assert t.spill(k(0), x(0), M).ok
     t.spill(k(1), x(1), M)
     h = t.load_async(k(0), torch.zeros(1024), M)
     assert t.state(k(0)) == "loading" and t.in_flight == 1

@@ -177,7 +177,7 @@ class SeqState:
     def restore(cls, cache, ckpt):
         """A new SeqState in ``cache`` holding exactly ``ckpt``; validates before allocating."""
         validate(cache.cfg, ckpt)
-        st, cfg, H = cls(cache), cache.cfg, ckpt.H
+        st, H = cls(cache), ckpt.H
         st.length = H
         st.reserve(0)
         st.slide()

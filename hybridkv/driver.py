@@ -11,7 +11,7 @@ spec says the action is disabled.  ``abstract()`` maps the runtime to spec.state
 
 Where the runtime evaluates a spec.system guard with its own code instead of calling it (the
 funnel, the launch re-check, load admission), it does so conjunct by conjunct through the
-named checks below (LOOKUP_CHECKS, LAUNCH_CHECKS, LOAD_START_CHECKS; the funnel's readiness
+named checks below (LOOKUP_CHECKS, LAUNCH_CHECKS; driver_disk.LOAD_START_CHECKS; the funnel's readiness
 conjuncts are hybridkv.lookup.READY_CHECKS), so a test can drop the runtime's counterpart of
 one spec conjunct (tests/test_golden_runtime.py mirrors the spec's guard mutants this way).
 """
@@ -21,15 +21,14 @@ from hybridkv import alloc as A
 from hybridkv.errors import Refused
 from hybridkv.lookup import KIND_MODULE, Read, object_ready
 from hybridkv.pools import ObjRef
-from hybridkv.tables import TransitionRefused, table_for
+from hybridkv.tables import TransitionRefused
 from spec.common import PINNED
-from spec.disk import DiskPrefixMachine, DiskRec
+from spec.disk import DiskRec
 from spec import system as S
 from spec.funnel import can_hit_aligned, can_hit_groups
 from spec.state import (HELD, IDLE, KINDS, LOOKED, RUNNING, D_LOADING, D_WRITING, Graph, Req,
                         Sys)
 
-_DISK = table_for(DiskPrefixMachine)
 
 
 # spec.system.can_lookup minus the funnel's readiness conjuncts (lookup.READY_CHECKS)
@@ -47,9 +46,6 @@ LOOKUP_CHECKS = {"phase": lambda d, r, ref, H: d.state.req[r].ph == IDLE, "align
 # spec.system.can_launch: the phase, then the runtime's TOCTOU re-check (CacheManager.read_ok)
 LAUNCH_CHECKS = {"phase": lambda d, r: d.state.req[r].ph == HELD,
                  "read_ok": lambda d, r: all(d.mgr.read_ok(x) for x in d.reads(r))}
-# spec.system.can_load_start: I2 (copy loads into its own kind), I1 (the runtime's admission)
-LOAD_START_CHECKS = {"kind": lambda d, dd, k: d.state.disk[dd].kind == k,
-                     "admit": lambda d, dd, k: A.admits(d.mgr, 1)}
 
 
 @dataclass

@@ -2,16 +2,20 @@
 (spec guards: can_load_ok / can_load_bad), coupled to the memory object they copy.  The
 cross-object conditions are the spec's own system guards: ``can_disk_target`` (the finishing
 event names the kind the record targets) on the driver's disk records, ``can_load_start``
-conjunct by conjunct through driver.LOAD_START_CHECKS (its admission conjunct is the runtime's
+conjunct by conjunct through LOAD_START_CHECKS (its admission conjunct is the runtime's
 own count, hybridkv.alloc.admits)."""
 from types import SimpleNamespace
 
 from hybridkv import alloc as A
-from hybridkv.driver import _DISK
+from hybridkv.tables import table_for
 from spec import common
-from spec.disk import DiskRec
+from spec.disk import DiskPrefixMachine, DiskRec
 from spec.system import can_disk_target
 
+_DISK = table_for(DiskPrefixMachine)
+# spec.system.can_load_start: I2 (copy loads into its own kind), I1 (the runtime's admission)
+LOAD_START_CHECKS = {"kind": lambda d, dd, k: d.state.disk[dd].kind == k,
+                     "admit": lambda d, dd, k: A.admits(d.mgr, 1)}
 BLANK = {f: 0 for f in DiskRec._fields if f != "st"}     # a freed slot forgets its copy
 
 
@@ -68,8 +72,7 @@ def damage(self, d, f):
 
 
 def load_start(self, d, k, i):
-    from hybridkv.driver import LOAD_START_CHECKS     # spec can_load_start, conjunct by conjunct
-    self._checks(LOAD_START_CHECKS, d, k)
+    self._checks(LOAD_START_CHECKS, d, k)           # spec can_load_start, conjunct by conjunct
     _disk_can(self, d, "load_start")
     self._can(k, i, "load_start")
     _disk_fire(self, d, "load_start", tk=k, obj=i)

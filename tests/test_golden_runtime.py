@@ -17,6 +17,7 @@ import re
 import pytest
 
 from hybridkv import driver as DRV
+from hybridkv import driver_disk as DRV_DISK
 from hybridkv import lookup as LK
 from hybridkv.errors import InvariantViolation, Refused
 from hybridkv.manager import CacheManager
@@ -51,9 +52,9 @@ def _counterpart(guard, conjunct):
             return DRV.LAUNCH_CHECKS, "read_ok"
     elif guard == "system.can_load_start":
         if conjunct == "Select(s.disk, d).kind == k":
-            return DRV.LOAD_START_CHECKS, "kind"
+            return DRV_DISK.LOAD_START_CHECKS, "kind"
         if conjunct == "can_admit(s, c)":
-            return DRV.LOAD_START_CHECKS, "admit"
+            return DRV_DISK.LOAD_START_CHECKS, "admit"
     else:
         return None
     raise AssertionError(f"no runtime counterpart for {guard}: {conjunct!r}: the runtime "

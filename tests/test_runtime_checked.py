@@ -5,21 +5,11 @@ import pytest
 
 from hybridkv import pools as P
 from hybridkv.errors import InvariantViolation
-from hybridkv.layout import ModelLayout
 from hybridkv.manager import CacheManager
 from spec.common import READY
+from tests.runtime_helpers import LAY, P40, run
 
-LAY = ModelLayout.v4_mini()
-P40 = [(7 * i + 3) % 250 for i in range(40)]
 NEVER = 10 ** 9          # no periodic sweep: only the incremental check runs
-
-
-def run(m, rid, tokens):
-    plan = m.lookup(rid, tokens)
-    m.allocate(rid, len(tokens) - plan.reuse_tokens)
-    m.commit(rid, len(tokens) - plan.reuse_tokens)
-    m.free(rid)
-    return plan
 
 
 @pytest.mark.parametrize("field,value,name", [("draft", 1, "draft_isolation"),

@@ -9,26 +9,16 @@ import torch
 
 from hybridkv.disk import CostModel, DiskTier, FlopsModel, HookedBackend, LocalBackend
 from hybridkv.disk.backend import fail_on, gate
-from hybridkv.layout import ModelLayout
 from hybridkv.manager import CacheManager
 from spec.common import FREE, LOADING, READY
+from tests.runtime_helpers import LAY, P40 as P, run
 
-LAY = ModelLayout.v4_mini()
-P = [(7 * i + 3) % 250 for i in range(40)]
 EXT = P + [1, 2, 3]                       # a longer prompt: may resume at 40
 
 
 def mk(path, n=12, backend=None, **kw):
     tier = DiskTier(path, capacity_bytes=1 << 26, backend=backend)
     return CacheManager(LAY, num_blocks=n, checked=True, disk=tier, **kw)
-
-
-def run(m, rid, tokens, salt=b""):
-    plan = m.lookup(rid, tokens, salt=salt)
-    m.allocate(rid, len(tokens) - plan.reuse_tokens)
-    m.commit(rid, len(tokens) - plan.reuse_tokens)
-    m.free(rid)
-    return plan
 
 
 def pattern(ikey, kind, shape, dtype):
@@ -137,10 +127,16 @@ def test_damaged_copy_is_a_miss_then_recompute(tmp_path, fault):
     assert peek(m, "c", EXT + [9, 9]).reuse_tokens == 42
 
 
-def test_in_flight_load_is_not_reused(tmp_path):
+def reads_held(tmp_path):
+    """spilled_and_evicted with every disk read held until the returned event is set."""
     ev = threading.Event()
     m, plan = spilled_and_evicted(
         tmp_path, backend=HookedBackend(LocalBackend(str(tmp_path)), gate("read", ev)))
+    return m, plan, ev
+
+
+def test_in_flight_load_is_not_reused(tmp_path):
+    m, plan, ev = reads_held(tmp_path)
     try:
         m.lookup("b", EXT)
         n = m.prefetch("b")
@@ -237,9 +233,7 @@ def test_loads_beyond_the_tier_budget_queue_then_finish(tmp_path):
 
 def test_checked_mode_catches_a_load_into_the_wrong_block(tmp_path):
     from hybridkv.errors import InvariantViolation
-    ev = threading.Event()
-    m, plan = spilled_and_evicted(
-        tmp_path, backend=HookedBackend(LocalBackend(str(tmp_path)), gate("read", ev)))
+    m, plan, ev = reads_held(tmp_path)
     try:
         m.lookup("b", EXT)
         m.prefetch("b")

@@ -1,22 +1,12 @@
 """Indexer version bumps: outdated indexer objects are swept back to the free list through
 the compiled tables (spec mark_stale, then drop_stale); pinned ones as soon as they are
 unpinned.  A hit needs indexer objects of the new version afterwards."""
-from hybridkv.layout import ModelLayout
 from hybridkv.manager import CacheManager
 from spec import SysConfig
 from spec.common import FREE, PINNED, READY, STALE
+from tests.runtime_helpers import LAY, P40, run
 
-LAY = ModelLayout.v4_mini()
-P40 = [(7 * i + 3) % 250 for i in range(40)]
 IDX = 3
-
-
-def run(m, rid, tokens):
-    plan = m.lookup(rid, tokens)
-    m.allocate(rid, len(tokens) - plan.reuse_tokens)
-    m.commit(rid, len(tokens) - plan.reuse_tokens)
-    m.free(rid)
-    return plan
 
 
 def idx_blocks(m, st):

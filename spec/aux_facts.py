@@ -33,7 +33,7 @@ def ranges(s, c):
         for o in objs:
             facts += [_one_of(o.st, sts), _within(o.ver, 0, c.max_ver),
                       _within(o.pins, 0, n_holders), _within(o.ep, 0, c.max_ep),
-                      _within(o.draft, 0, 1)]
+                      _within(o.draft, 0, 1), _within(o.pub, 0, 1)]
             facts += [_within(getattr(o, f), 0, c.max_pos) for f in o.CONTENT]
     for d in s.disk:
         facts += [_one_of(d.st, {st.value for st in DISK.states}),

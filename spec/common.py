@@ -24,6 +24,11 @@ def can_unpin_keep(o, c):
     return o.pins > 1
 
 
+def can_publish(o, c):
+    """Only state of verified tokens enters the prefix index: never a draft's."""
+    return o.draft == 0
+
+
 def tail_need(H, m, overlap):
     """Rows the compressor's open window holds at H: H mod m, plus the overlap rows of the
     previous window once one has closed (CSA: entry j pools rows [m*j - overlap, m*j + m))."""
@@ -43,6 +48,10 @@ def accept(o, c):
     return o._replace(draft=0)
 
 
+def publish(o, c):
+    return o._replace(pub=1)
+
+
 def pin(o, c):
     return o._replace(pins=o.pins + 1)
 
@@ -56,7 +65,7 @@ def relocate(o, c):
 
 
 def discard(o, c):
-    return o._replace(pins=0, draft=0, **{f: 0 for f in o.CONTENT})
+    return o._replace(pins=0, draft=0, pub=0, **{f: 0 for f in o.CONTENT})
 
 
 def evict(o, c):
@@ -64,7 +73,8 @@ def evict(o, c):
 
 
 def load_ok(o, c, payload):
-    return o._replace(**dict(zip(o.CONTENT, payload)))
+    """A verified copy becomes readable under the index key it was spilled from."""
+    return o._replace(pub=1, **dict(zip(o.CONTENT, payload)))
 
 
 def content(o):
@@ -89,6 +99,7 @@ def memory_machine(name, module, doc, can_seal, extra=lambda states: {}):
         fill=writing.to.itself(),
         accept=writing.to.itself(),
         reject=writing.to(free),
+        publish=writing.to.itself(cond=can_publish),
         seal=writing.to(ready, cond=can_seal),
         pin=ready.to(pinned) | pinned.to.itself(),
         unpin=pinned.to.itself(cond=can_unpin_keep) | pinned.to(ready),

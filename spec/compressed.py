@@ -14,6 +14,7 @@ class CompRec(NamedTuple):
     pins: int = 0
     ep: int = 0
     draft: int = 0
+    pub: int = 0      # 1 while published in the prefix index (reachable by lookups)
     h: int = 0        # tokens the object covers
     closed: int = 0   # entries closed (final) so far
 
@@ -27,8 +28,9 @@ class CompRec(NamedTuple):
 
 
 def can_seal(o, c):
-    """Published only when every window below h has closed, and never for draft tokens."""
-    return And(o.closed == Div(o.h, c.ratio), o.draft == 0)
+    """Readable only when every window below h has closed, and only once published in the
+    index (a draft never is; an unpublished copy must be released, never kept)."""
+    return And(o.closed == Div(o.h, c.ratio), o.pub == 1)
 
 
 def covers(o, H, c):

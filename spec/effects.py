@@ -12,6 +12,7 @@ EFFECTS = {
     "draft": common.write,        # (p, 1)
     "fill": common.fill,
     "accept": common.accept,
+    "publish": common.publish,
     "reject": common.discard,
     "seal": unchanged,
     "pin": common.pin,

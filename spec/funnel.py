@@ -12,6 +12,9 @@ GPU_BLOCK_ALIGN = 128   # bytes: start of every pool block
 DISK_ALIGN = 4096       # bytes: O_DIRECT / NVMe DMA
 
 
+POOL_LAYOUT = "paged[block,row,dim]"
+
+
 class AbiDesc(NamedTuple):
     """What a kernel expects of a stored object.  Strings are compared by equality only."""
     dtype: str
@@ -20,6 +23,37 @@ class AbiDesc(NamedTuple):
     block_size: int
     head_dim: int
     kernel_version: int
+
+
+class PinCheck(NamedTuple):
+    """What a reader pinned (count, version, address epoch) and what is current now: the
+    arguments of ``can_read_pinned`` as the cache hands them to a kernel launch."""
+    pins: int
+    pinned_ver: int
+    ver: int
+    pinned_ep: int
+    ep: int
+
+
+def pool_abi(dtype, rows, dim, kernel_version):
+    """The AbiDesc of one layer's view of a paged pool, ``[blocks, rows, dim]`` dense: what the
+    layout records for a pool, what a stored object carries, and what a kernel launch checks
+    the tensor it is given against (one vocabulary for funnel layer 2 and the launch)."""
+    return AbiDesc(str(dtype), POOL_LAYOUT, (rows * dim, dim, 1), rows, dim, kernel_version)
+
+
+# Admission (I1) -----------------------------------------------------------------------------
+def can_admit_objects(in_transit, new, cap):
+    """I1: ``new`` more objects entering transit (being written, spilled or loaded) keep the
+    count within the cap.  Scalar, so the spec, the runtime and the sizing use one rule."""
+    return in_transit + new <= cap
+
+
+def can_bump_indexer(version, max_version, requests_in_flight, indexer_loads):
+    """New indexer weights only at a quiescent point: no request in flight and no indexer
+    copy being loaded (a load verifies against the version it started under); versions never
+    wrap."""
+    return And(version < max_version, requests_in_flight == 0, indexer_loads == 0)
 
 
 # Layer 1 -- whole-block / LCM alignment ------------------------------------------------

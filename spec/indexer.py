@@ -17,6 +17,7 @@ class IdxRec(NamedTuple):
     pins: int = 0
     ep: int = 0
     draft: int = 0
+    pub: int = 0      # 1 while published in the prefix index (reachable by lookups)
     h: int = 0       # position of the checkpoint
     synced: int = 0  # tokens the indexer keys and tail are synced up to
     iv: int = 0      # indexer version the keys were built with
@@ -31,7 +32,9 @@ class IdxRec(NamedTuple):
 
 
 def can_seal(o, c):
-    return And(o.synced == o.h, o.draft == 0)
+    """Readable only once synced up to h, and only once published in the index (a draft
+    never is; an unpublished copy must be released, never kept)."""
+    return And(o.synced == o.h, o.pub == 1)
 
 
 def can_mark_stale(o, c):

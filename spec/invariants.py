@@ -75,8 +75,25 @@ def disk_verdicts(s, c):
 
 
 def draft_isolation(s, c):
-    """Draft state is never published: it exists only in objects still being written."""
-    return And(*[Implies(o.draft == 1, o.st == WRITING) for objs in s.mem for o in objs])
+    """Draft state is never published: it exists only in unpublished objects still being
+    written."""
+    return And(*[Implies(o.draft == 1, And(o.st == WRITING, o.pub == 0))
+                 for objs in s.mem for o in objs])
+
+
+def accounting(s, c):
+    """Every non-free object is exactly one of: held (pinned by a live request or a spill,
+    being written or loaded) or published in the index (readable, or stale until its drop);
+    no readable object outside the index (a leak), no free or loading object in it."""
+    return And(*[And(Implies(Or(o.st == READY, o.st == PINNED, o.st == STALE), o.pub == 1),
+                     Implies(Or(o.st == FREE, o.st == LOADING), o.pub == 0))
+                 for objs in s.mem for o in objs])
+
+
+def version_binding(s, c):
+    """An indexer copy being loaded is of the model's current indexer version: a verified
+    load publishes what it verified, never old keys as current ones."""
+    return And(*[Implies(And(d.st == D_LOADING, d.kind == IDX), d.x == s.miv) for d in s.disk])
 
 
 def _complete(k, o, c):
@@ -105,5 +122,5 @@ def well_formed(s, c):
 
 
 INVARIANTS = {f.__name__: f for f in (hit_soundness, admission_cap, state_routing, toctou,
-                                      static_topology, draft_isolation, disk_verdicts,
-                                      well_formed)}
+                                      static_topology, draft_isolation, accounting,
+                                      version_binding, disk_verdicts, well_formed)}

@@ -15,6 +15,7 @@ class SwaRec(NamedTuple):
     pins: int = 0
     ep: int = 0
     draft: int = 0
+    pub: int = 0      # 1 while published in the prefix index (reachable by lookups)
     hi: int = 0   # one past the newest valid token
     lo: int = 0   # oldest valid token
 
@@ -28,8 +29,9 @@ class SwaRec(NamedTuple):
 
 
 def can_seal(o, c):
-    """Never publish draft tokens; the interval itself is checked against H at lookup."""
-    return o.draft == 0
+    """Readable only once published in the index (a draft never is; an unpublished copy must
+    be released, never kept); the interval itself is checked against H at lookup."""
+    return o.pub == 1
 
 
 def can_slide(o, c):

@@ -9,10 +9,11 @@ import itertools
 
 from spec.effects import EFFECTS
 from spec.common import readable
-from spec.dual import And, Or, Select, Store
-from spec.funnel import can_hit_aligned, can_hit_groups, can_read_pinned, can_replay
-from spec.state import (DISK, HELD, IDLE, KIND_MODULES, KINDS, LOOKED, MACHINES, RUNNING,
-                        ctx, inflight, refs_of)
+from spec.dual import And, Count, Implies, Or, Select, Store
+from spec.funnel import (can_admit_objects, can_bump_indexer, can_hit_aligned, can_hit_groups,
+                         can_read_pinned, can_replay)
+from spec.state import (D_LOADING, DISK, HELD, IDLE, KIND_MODULES, KINDS, LOOKED, MACHINES,
+                        RUNNING, ctx, inflight, refs_of)
 from spec.table import fire
 
 SWA, IDX = KINDS.index("swa"), KINDS.index("idx")
@@ -65,12 +66,13 @@ def _all_refs(s, c, r, event):
 # ---- system guards ----------------------------------------------------------------------
 def can_admit(s, c):
     """I1: one more object in transit stays within the admission cap."""
-    return inflight(s) < c.cap
+    return can_admit_objects(inflight(s), 1, c.cap)
 
 
 def can_bump_version(s, c):
-    """The indexer is re-versioned only at a quiescent point (no request in flight)."""
-    return And(s.miv < c.max_iv, *[r.ph == IDLE for r in s.req])
+    """The indexer is re-versioned only at a quiescent point (funnel.can_bump_indexer)."""
+    return can_bump_indexer(s.miv, c.max_iv, Count(r.ph != IDLE for r in s.req),
+                            Count(And(d.st == D_LOADING, d.kind == IDX) for d in s.disk))
 
 
 def can_lookup(s, c, r, ref, H):
@@ -109,8 +111,10 @@ def can_forget(s, c, r):
 
 
 def can_load_start(s, c, d, k):
-    """I2: a copy loads only into a block of its own kind; I1: admission."""
-    return And(Select(s.disk, d).kind == k, can_admit(s, c))
+    """I2: a copy loads only into a block of its own kind; I1: admission; an indexer copy
+    only while it is of the model's current indexer version."""
+    rec = Select(s.disk, d)
+    return And(rec.kind == k, can_admit(s, c), Implies(rec.kind == IDX, rec.x == s.miv))
 
 
 def can_disk_target(s, c, d, k):
@@ -153,6 +157,7 @@ def _object_action(event):
 
 fill = _object_action("fill")
 accept = _object_action("accept")
+publish = _object_action("publish")
 reject = _object_action("reject")
 seal = _object_action("seal")
 relocate = _object_action("relocate")

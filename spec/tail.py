@@ -15,6 +15,7 @@ class TailRec(NamedTuple):
     pins: int = 0
     ep: int = 0
     draft: int = 0
+    pub: int = 0      # 1 while published in the prefix index (reachable by lookups)
     h: int = 0      # position the snapshot was taken at
     rows: int = 0   # raw rows held
 
@@ -28,8 +29,9 @@ class TailRec(NamedTuple):
 
 
 def can_seal(o, c):
-    """Published only once the open window is fully written, and never for draft tokens."""
-    return And(o.rows == tail_need(o.h, c.ratio, c.overlap), o.draft == 0)
+    """Readable only once the open window is fully written, and only once published in the
+    index (a draft never is; an unpublished copy must be released, never kept)."""
+    return And(o.rows == tail_need(o.h, c.ratio, c.overlap), o.pub == 1)
 
 
 def covers(o, H, c):

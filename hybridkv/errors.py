@@ -51,6 +51,11 @@ class AdmissionRefused(CacheError):
     naming the pool (or "in_transit") with (needed, available)."""
 
 
+class RequestTooLarge(AdmissionRefused):
+    """Allocation refused for good: even an empty cache could not take it (a pool or the
+    transit cap is smaller than what it needs).  ``value`` as for AdmissionRefused."""
+
+
 class StaleRead(CacheError):
     """The TOCTOU re-check right before a read failed: an object moved or was re-versioned;
     ``value`` is (kind, group, block)."""

@@ -1,36 +1,52 @@
-"""Model layout: explicit layer groups and the cache objects each group needs.
+"""Model layout: explicit layer groups, the pools each group needs, and ``objects_at(H)``.
 
 A ``LayerGroup`` is a set of layers with one attention kind that share block tables:
 ``swa`` (sliding window only), ``csa`` (ratio-m compression with overlap, optional lightning
-indexer) or ``hca`` (ratio-m' compression, no overlap).  Every group keeps an SWA window.
-Object kinds per group (spec kinds): swa always; comp and tail for csa/hca; idx when the
-group has an indexer (``idx_dim > 0``).
+indexer), ``hca`` (ratio-m' compression, no overlap) or ``full`` (paged attention over every
+token: a compressed chain of ratio 1 with no window, as in homogeneous models and the full
+layers of full+SWA hybrids).  Object kinds per group (spec kinds): ``swa`` for every group with
+a window; ``comp`` and ``tail`` for csa/hca; ``idx`` when the group has an indexer; ``comp``
+alone for full.
+
+Pools (one per (kind, group)) hold, per block and per layer of the group, the rows the model
+reads and writes (``pool_tensors``):
+  comp  ``kv`` [entries, head_dim]: E = block_size / ratio compressed entries of one chain
+        block (full: the raw KV rows of block_size tokens);
+  swa   ``kv`` [window, head_dim]: one window page (positions [j*W, (j+1)*W), row = pos % W)
+        or one window snapshot (rows [H-W, H) in the same ring order);
+  tail  ``rows`` [m - 1 + overlap, 2 * width]: the compressor's open window (kv | gate);
+  idx   ``keys`` [entries, idx_dim]: indexer keys of a chain block, and ``tail``
+        [2r - 1, 4 * idx_dim]: the indexer compressor's open window (kv | gate).
+A layer's view of a pool tensor is ``[blocks, rows, dim]``; its ``AbiDesc`` (``abi``) is what
+the lookup's layer 2 compares stored objects against and what a kernel launch checks the
+tensor against (spec.funnel.pool_abi: one vocabulary).
 
 Hit alignment: the prefix index hashes the prompt in granules of GCD(group block sizes); a
-resume point H must sit on the granule and, per group, on its block boundary or at a position
-that group checkpointed exactly (spec.funnel.can_hit_aligned).  The LCM of the block sizes is
-the alignment a design without exact checkpoints would need; a large one is warned about.
+resume point H sits on the granule and, per group, on its block boundary or at a position
+that group checkpointed exactly (spec.funnel.can_hit_aligned).
 """
 import math
 import warnings
 from typing import NamedTuple
 
 from hybridkv.errors import LayoutError, LayoutWarning
-from spec.funnel import AbiDesc
+from spec.funnel import GPU_BLOCK_ALIGN, pool_abi
 
 KINDS = ("comp", "tail", "swa", "idx")       # spec.state.KINDS order
-GROUP_KINDS = ("swa", "csa", "hca")
+CHAIN_KINDS = ("comp", "idx")                # kinds with shared chain blocks
+GROUP_KINDS = ("swa", "csa", "hca", "full")
 LCM_WARN_TOKENS = 4096
-DTYPES = ("float32", "float16", "bfloat16")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+KERNEL_READ = {"comp": "kv", "swa": "kv", "idx": "keys", "tail": "rows"}
 
 
 class LayerGroup(NamedTuple):
     name: str
-    kind: str                 # "swa" | "csa" | "hca"
+    kind: str                 # "swa" | "csa" | "hca" | "full"
     layers: tuple             # layer indices of the model
     block_size: int           # tokens per block of this group (its page / hash unit)
-    window: int               # SWA window W
-    ratio: int = 1            # compression ratio m (1 for swa)
+    window: int               # SWA window W (0 for full)
+    ratio: int = 1            # compression ratio m (1 for swa and full)
     overlap: int = 0          # CSA overlap rows (m), 0 for HCA
     head_dim: int = 16
     idx_dim: int = 0          # > 0: the group has a lightning indexer
@@ -38,25 +54,36 @@ class LayerGroup(NamedTuple):
 
     @property
     def compressed(self):
+        """csa / hca: the group keeps a compressor tail."""
+        return self.kind in ("csa", "hca")
+
+    @property
+    def chained(self):
+        """The group has shared chain blocks (comp, and idx with an indexer)."""
         return self.kind != "swa"
 
     @property
     def kinds(self):
-        out = ("swa",)
-        if self.compressed:
-            out = ("comp", "tail", "swa")
-        if self.idx_dim:
-            out += ("idx",)
-        return out
+        return {"swa": ("swa",), "full": ("comp",),
+                "csa": ("comp", "tail", "swa") + (("idx",) if self.idx_dim else ()),
+                "hca": ("comp", "tail", "swa")}[self.kind]
 
     @property
     def entries_per_block(self):
         return self.block_size // self.ratio
 
 
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise LayoutError(f"{name} must be a positive int", v)
+class ObjSpec(NamedTuple):
+    """One object of a checkpoint (``ModelLayout.objects_at``)."""
+    kind: str
+    group: str
+    at: int          # position it must cover (spec covers(o, at, c))
+    exact: bool      # exists only at exactly ``at`` (a snapshot), else a chain block ending at ``at``
+
+
+def _pos_int(name, v, minimum=1):
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise LayoutError(f"{name} must be an int >= {minimum}", v)
 
 
 def _check_group(g):
@@ -68,13 +95,17 @@ def _check_group(g):
         raise LayoutError(f"group kind must be one of {GROUP_KINDS}", g.kind)
     if not isinstance(g.layers, tuple) or not g.layers:
         raise LayoutError("layers must be a non-empty tuple", g.layers)
-    for name in ("block_size", "window", "ratio", "head_dim"):
+    for name in ("block_size", "ratio", "head_dim"):
         _pos_int(f"{g.name}.{name}", getattr(g, name))
-    if g.dtype not in DTYPES:
-        raise LayoutError(f"dtype must be one of {DTYPES}", g.dtype)
-    if g.kind == "swa" and (g.ratio != 1 or g.overlap or g.idx_dim):
-        raise LayoutError("an swa group has ratio 1, no overlap, no indexer", g)
-    if g.compressed and g.block_size % g.ratio:
+    _pos_int(f"{g.name}.window", g.window, 0 if g.kind == "full" else 1)
+    _pos_int(f"{g.name}.idx_dim", g.idx_dim, 0)
+    if g.dtype not in ITEMSIZE:
+        raise LayoutError(f"dtype must be one of {tuple(ITEMSIZE)}", g.dtype)
+    if g.kind in ("swa", "full") and (g.ratio != 1 or g.overlap or g.idx_dim):
+        raise LayoutError(f"a {g.kind} group has ratio 1, no overlap, no indexer", g)
+    if g.kind == "full" and g.window:
+        raise LayoutError("a full group has no window (window=0)", g.window)
+    if g.block_size % g.ratio:
         raise LayoutError("block_size must be a multiple of the ratio", (g.block_size, g.ratio))
     if g.kind == "hca" and (g.overlap or g.idx_dim):
         raise LayoutError("an hca group has no overlap and no indexer", g)
@@ -99,51 +130,87 @@ class ModelLayout:
             raise LayoutError("a layer belongs to exactly one group", layers)
         if vocab is not None:
             _pos_int("vocab", vocab)
+        _pos_int("kernel_version", kernel_version, 0)
         self.groups, self.name, self.vocab = groups, name, vocab
+        self._by_name = {g.name: g for g in groups}
         self.kernel_version, self.model_version = kernel_version, str(model_version)
         self.granule = math.gcd(*[g.block_size for g in groups])
         self.lcm = math.lcm(*[g.block_size for g in groups])
+        self.layer_slot = {layer: (g.name, j) for g in groups for j, layer in enumerate(g.layers)}
         if self.lcm > LCM_WARN_TOKENS:
             warnings.warn(f"layout {name}: LCM of group block sizes is {self.lcm} tokens; "
                           f"hits rely on exact checkpoints (granule {self.granule})",
                           LayoutWarning, stacklevel=2)
 
-    @property
-    def hit_alignment(self):
-        """Effective alignment of a resume point: the hash granule (GCD of block sizes)."""
-        return self.granule
-
     def group(self, name):
-        for g in self.groups:
-            if g.name == name:
-                return g
-        raise LayoutError("no such group", name)
+        try:
+            return self._by_name[name]
+        except (KeyError, TypeError):
+            raise LayoutError("no such group", name) from None
 
     def pool_keys(self):
         """(kind, group name) of every pool, in a fixed order."""
         return [(k, g.name) for g in self.groups for k in KINDS if k in g.kinds]
 
-    def block_shape(self, kind, g):
-        """Per-block tensor shape.  comp: E entries per layer; tail: the open window rows
-        (max tail_need = m-1+overlap) of kv+gate; swa: a window snapshot of W rows; idx: a
-        chain block of E indexer keys or a checkpoint's partial keys + the indexer's own tail."""
-        n = len(g.layers)
+    def chain_pools(self):
+        """(kind, group name) of every pool holding chain blocks."""
+        return [(k, g) for k, g in self.pool_keys() if k in CHAIN_KINDS]
+
+    # -- what a checkpoint is: the one rule ---------------------------------------------------
+    def objects_at(self, H, since=0):
+        """The objects a checkpoint at H consists of: per chained group its chain blocks
+        (comp, idx) ending in (since, H], then the exact objects at H -- the open compressed
+        block when H is off the group's block boundary, the tail, the window, the indexer's
+        object (partial keys + its own open window).  Used alike by the writer (what to
+        write and publish) and the lookup (what must be cached and ready)."""
+        out = []
+        for g in self.groups:
+            bs = g.block_size
+            for kind in CHAIN_KINDS:
+                if kind in g.kinds:
+                    first = since // bs + 1
+                    out += [ObjSpec(kind, g.name, e * bs, False) for e in range(first, H // bs + 1)]
+            for kind in KINDS:
+                if kind in g.kinds and (kind != "comp" or H % bs):
+                    out.append(ObjSpec(kind, g.name, H, True))
+        return out
+
+    def exact_at(self, H):
+        """The exact (snapshot) objects of a checkpoint at H: ``objects_at(H, since=H)``."""
+        return self.objects_at(H, since=H)
+
+    # -- pools ----------------------------------------------------------------------------------
+    def pool_tensors(self, kind, g):
+        """name -> (rows, dim) of each tensor a block of pool (kind, g) has, per layer."""
+        if isinstance(g, str):
+            g = self.group(g)
         if kind == "comp":
-            return (n, g.entries_per_block, g.head_dim)
-        if kind == "tail":
-            width = 2 * g.head_dim if g.kind == "csa" else g.head_dim
-            return (n, g.ratio - 1 + g.overlap, 2 * width)
+            return {"kv": (g.entries_per_block, g.head_dim)}
         if kind == "swa":
-            return (n, g.window, g.head_dim)
+            return {"kv": (g.window, g.head_dim)}
+        if kind == "tail":
+            width = 2 * g.head_dim if g.overlap else g.head_dim
+            return {"rows": (g.ratio - 1 + g.overlap, 2 * width)}
         if kind == "idx":
-            return (n, g.entries_per_block + 2 * g.ratio, 2 * g.idx_dim)
+            return {"keys": (g.entries_per_block, g.idx_dim),
+                    "tail": (2 * g.ratio - 1, 4 * g.idx_dim)}
         raise LayoutError("no such object kind", kind)
 
     def abi(self, kind, g, kernel_version=None):
-        shape = self.block_shape(kind, g)
-        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-        return AbiDesc(g.dtype, f"{kind}/{g.kind}", strides, g.block_size, g.head_dim,
-                       self.kernel_version if kernel_version is None else kernel_version)
+        """AbiDesc of one layer's view of the kernel-read tensor of pool (kind, g)."""
+        if isinstance(g, str):
+            g = self.group(g)
+        rows, dim = self.pool_tensors(kind, g)[KERNEL_READ[kind]]
+        kv = self.kernel_version if kernel_version is None else kernel_version
+        return pool_abi(g.dtype, rows, dim, kv)
+
+    def block_nbytes(self, kind, g):
+        """Bytes one block of pool (kind, g) holds over every layer and tensor (the unit of
+        spills, loads and capacity), each tensor's rows padded to GPU_BLOCK_ALIGN."""
+        if isinstance(g, str):
+            g = self.group(g)
+        return sum(len(g.layers) * slot_bytes(rows, dim, g.dtype)
+                   for rows, dim in self.pool_tensors(kind, g).values())
 
     def layout_id(self):
         """Bytes naming the layout in every hash (so a different layout never hits)."""
@@ -151,6 +218,24 @@ class ModelLayout:
 
     def __repr__(self):
         return f"ModelLayout({self.name!r}, groups={[g.name for g in self.groups]})"
+
+    # -- presets -----------------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, cfg, name="v4-mini"):
+        """The layout of a V4MiniConfig-like model config: its layer kinds, window, ratios,
+        head and indexer dims; SWA groups page by ``swa_block`` tokens, compressed groups by
+        ``comp_block`` entries of their ratio."""
+        groups = []
+        for kind in ("swa", "csa", "hca"):
+            ids = tuple(i for i, k in enumerate(cfg.layers) if k == kind)
+            if not ids:
+                continue
+            ratio = {"swa": 1, "csa": cfg.csa_ratio, "hca": cfg.hca_ratio}[kind]
+            block = cfg.swa_block if kind == "swa" else cfg.comp_block * ratio
+            groups.append(LayerGroup(kind, kind, ids, block, cfg.window, ratio,
+                                     cfg.csa_ratio if kind == "csa" else 0, cfg.head_dim,
+                                     cfg.idx_dim if kind == "csa" else 0))
+        return cls(groups, name=name, vocab=cfg.vocab)
 
     @classmethod
     def v4_mini(cls, block_size=None, window=10, head_dim=16, idx_dim=8, csa_ratio=4,
@@ -170,3 +255,21 @@ class ModelLayout:
                 csa_ratio if kind == "csa" else 0, head_dim,
                 idx_dim if kind == "csa" else 0))
         return cls(groups, name="v4-mini", vocab=vocab)
+
+    @classmethod
+    def full(cls, block_size=16, head_dim=16, n_layers=4, vocab=None, window=None):
+        """A homogeneous full-attention model (every layer paged over every token); with
+        ``window`` a full+SWA hybrid (gpt-oss / Gemma style: alternate full and SWA layers)."""
+        if window is None:
+            return cls([LayerGroup("full", "full", tuple(range(n_layers)), block_size, 0,
+                                   head_dim=head_dim)], name="full", vocab=vocab)
+        return cls([LayerGroup("full", "full", tuple(range(0, n_layers, 2)), block_size, 0,
+                               head_dim=head_dim),
+                    LayerGroup("swa", "swa", tuple(range(1, n_layers, 2)), block_size, window,
+                               head_dim=head_dim)], name="full+swa", vocab=vocab)
+
+
+def slot_bytes(rows, dim, dtype):
+    """Bytes of one block of one layer's tensor: dense rows padded to GPU_BLOCK_ALIGN."""
+    raw = rows * dim * ITEMSIZE[dtype]
+    return -(-raw // GPU_BLOCK_ALIGN) * GPU_BLOCK_ALIGN

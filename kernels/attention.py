@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.guards import (KERNEL_VERSION, LaunchRefused, check_pins, check_pool,
-                            check_same_device, check_tensor, expected_abi)
+                            check_same_device, check_tensor)
 
 MODES = {"swa": 0, "sparse": 1, "hca": 2}
 
@@ -119,11 +119,12 @@ def _pow2(n):
 
 
 def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
-              backend="triton", pins=(), stored_version=KERNEL_VERSION):
+              backend="triton", pins=(), swa_abi=None, comp_abi=None):
     """Run one attention launch over ``plan`` (see module docstring for the modes).
 
     q: [n_q, NH, D] fp32; pools: [blocks, rows, D] fp32 dense; sink: [NH] fp32.
-    Checks first (shape, ABI incl. ``stored_version`` of the pools, alignment, ``pins``) and
+    Checks first (shape, the pools against ``swa_abi`` / ``comp_abi`` -- the AbiDescs the cache
+    records for them, see kernels.guards.check_pool --, alignment, ``pins``) and
     raises LaunchRefused before anything runs.  Returns a new [n_q, NH, D] tensor."""
     if mode not in MODES:
         raise LaunchRefused("shape", "mode", mode)
@@ -132,12 +133,12 @@ def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
     if n_q != plan.n_q or nh != _pow2(nh) or d != _pow2(d) or tuple(sink.shape) != (nh,):
         raise LaunchRefused("shape", "q", (tuple(q.shape), plan.n_q, tuple(sink.shape)))
     check_tensor("sink", sink, torch.float32, 1, row=False)
-    check_pool("swa_pool", swa_pool, expected_abi(swa_pool.shape[1], d), stored_version)
+    check_pool("swa_pool", swa_pool, swa_abi, d)
     pools = [swa_pool]
     if mode != "swa":
         if comp_pool is None:
             raise LaunchRefused("shape", "comp_pool", None)
-        check_pool("comp_pool", comp_pool, expected_abi(comp_pool.shape[1], d), stored_version)
+        check_pool("comp_pool", comp_pool, comp_abi, d)
         pools.append(comp_pool)
     for name in ("pos", "req", "swa_table", "comp_table", "sel"):
         check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())

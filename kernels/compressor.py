@@ -7,34 +7,54 @@ Entry j of a compressor with ratio m and overlap ov pools rows [m*j - ov, m*j + 
 Per feature column: entry = sum_t softmax_t(gate[t] + ape[t]) * kv[t], over rows that exist
 (rows before position 0 are absent, so entry 0 of CSA pools its own window only).
 Closed entries are written into a paged pool; the open window stays with the caller (the tail).
+
+Batched: ``compress_batch`` closes the entries of many requests in one launch (one program per
+entry; each entry knows its request's rows and block-table row), so N requests cost one launch
+per layer.  ``compress`` is the one-request case of the same launch.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from kernels.guards import (KERNEL_VERSION, LaunchRefused, check_pins, check_pool,
-                            check_same_device, check_tensor, expected_abi)
+from kernels.guards import (LaunchRefused, check_pins, check_pool, check_same_device,
+                            check_tensor)
+
+
+class CompressSlice(NamedTuple):
+    """One request's part of a batched launch: rows for positions [base, base + R) (its tail
+    followed by its new rows), entries [j0, j1) to close, its block table (int32)."""
+    rows_kv: torch.Tensor
+    rows_gate: torch.Tensor
+    table: torch.Tensor
+    base: int
+    j0: int
+    j1: int
 
 
 @triton.jit
-def _compress_kernel(KV, G, APE, POOL, BT, j0, base, C,
+def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride,
                      M: tl.constexpr, OV: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      CBS: tl.constexpr):
-    j = j0 + tl.program_id(0)
+    e = tl.program_id(0)
+    j = tl.load(J + e)
+    row0 = tl.load(ROW0 + e)          # row of position 0 of this entry's request (may be < 0)
+    trow = tl.load(TROW + e)
     t = tl.arange(0, ROWS)
     d = tl.arange(0, D)
     p = j * M - OV + t
     in_win = t < OV + M
     valid = in_win & (p >= 0)
     col = d[None, :] + tl.where(t < OV, 0, C - D)[:, None]
-    row = (p - base)[:, None] * C
+    row = (row0 + p)[:, None] * C
     kv = tl.load(KV + row + col, mask=valid[:, None], other=0.0)
     g = tl.load(G + row + col, mask=valid[:, None], other=0.0)
     g += tl.load(APE + t[:, None] * D + d[None, :], mask=in_win[:, None], other=0.0)
     g = tl.where(valid[:, None], g, float("-inf"))
-    e = tl.exp(g - tl.max(g, axis=0)[None, :])
-    out = tl.sum(e * kv, axis=0) / tl.sum(e, axis=0)
-    blk = tl.load(BT + j // CBS)
+    w = tl.exp(g - tl.max(g, axis=0)[None, :])
+    out = tl.sum(w * kv, axis=0) / tl.sum(w, axis=0)
+    blk = tl.load(BT + trow * bt_stride + j // CBS)
     tl.store(POOL + blk * (CBS * D) + (j % CBS) * D + d, out)
 
 
@@ -57,40 +77,69 @@ def _pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def compress(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap, *,
-             backend="triton", pins=(), stored_version=KERNEL_VERSION):
-    """Write entries [j0, j1) into ``pool`` through block ``table`` (int32, padded).
-
-    rows_kv, rows_gate: [R, C] fp32 rows for positions [base, base + R) -- the tail followed
-    by the new chunk; they must cover every row the entries pool.  ape: [overlap + ratio, D].
-    All checks run first; a refused launch writes nothing."""
-    check_tensor("rows_kv", rows_kv, torch.float32, 2)
-    check_tensor("rows_gate", rows_gate, torch.float32, 2)
-    check_tensor("ape", ape, torch.float32, 2)
-    d = pool.shape[2] if pool.dim() == 3 else -1
-    check_pool("pool", pool, expected_abi(pool.shape[1] if pool.dim() == 3 else -1, d),
-               stored_version)
-    check_tensor("table", table, torch.int32, 1)
-    c = rows_kv.shape[1]
-    want_c = 2 * d if overlap else d
-    if (rows_gate.shape != rows_kv.shape or c != want_c or d != _pow2(d)
+def _check_slice(i, s, pool, ape, ratio, overlap):
+    check_tensor(f"rows_kv[{i}]", s.rows_kv, torch.float32, 2)
+    check_tensor(f"rows_gate[{i}]", s.rows_gate, torch.float32, 2)
+    check_tensor(f"table[{i}]", s.table, torch.int32, 1)
+    d = pool.shape[2]
+    c = s.rows_kv.shape[1]
+    if (s.rows_gate.shape != s.rows_kv.shape or c != (2 * d if overlap else d) or d != _pow2(d)
             or tuple(ape.shape) != (overlap + ratio, d) or overlap not in (0, ratio)):
-        raise LaunchRefused("shape", "rows", (tuple(rows_kv.shape), tuple(ape.shape), overlap))
-    if j1 > j0:
-        need_lo, need_hi = max(0, j0 * ratio - overlap), j1 * ratio
-        if need_lo < base or need_hi > base + rows_kv.shape[0]:
-            raise LaunchRefused("shape", "rows", (base, rows_kv.shape[0], need_lo, need_hi))
-        cbs = pool.shape[1]
-        if (j1 - 1) // cbs >= table.shape[0] or (table[j0 // cbs:(j1 - 1) // cbs + 1] < 0).any():
-            raise LaunchRefused("shape", "table", table.tolist())
-    check_same_device("compress", rows_kv, rows_gate, ape, pool, table)
+        raise LaunchRefused("shape", "rows", (tuple(s.rows_kv.shape), tuple(ape.shape), overlap))
+    if s.j1 > s.j0:
+        need_lo, need_hi = max(0, s.j0 * ratio - overlap), s.j1 * ratio
+        if need_lo < s.base or need_hi > s.base + s.rows_kv.shape[0]:
+            raise LaunchRefused("shape", "rows", (s.base, s.rows_kv.shape[0], need_lo, need_hi))
+        cbs, tab = pool.shape[1], s.table
+        if (s.j1 - 1) // cbs >= tab.shape[0] or (tab[s.j0 // cbs:(s.j1 - 1) // cbs + 1] < 0).any():
+            raise LaunchRefused("shape", "table", tab.tolist())
+
+
+def compress_batch(slices, ape, pool, ratio, overlap, *, backend="triton", pins=(), abi=None):
+    """Close entries [j0, j1) of every request in ``slices`` into ``pool`` in one launch.
+
+    ape: [overlap + ratio, D]; pool: [blocks, rows, D] (a layer's view of a comp or indexer
+    pool), checked against ``abi``.  All checks run first; a refused launch writes nothing."""
+    check_tensor("ape", ape, torch.float32, 2)
+    check_pool("pool", pool, abi)
+    for i, s in enumerate(slices):
+        _check_slice(i, s, pool, ape, ratio, overlap)
+    check_same_device("compress", ape, pool, *[t for s in slices for t in (s.rows_kv, s.table)])
     check_pins(pins)
-    if j1 <= j0:
+    work = [s for s in slices if s.j1 > s.j0]
+    if not work:
         return
     if backend == "torch":
-        return compress_ref(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap)
+        for s in work:
+            compress_ref(s.rows_kv, s.rows_gate, ape, pool, s.table, s.base, s.j0, s.j1, ratio,
+                         overlap)
+        return
     if backend != "triton":
         raise LaunchRefused("shape", "backend", backend)
-    _compress_kernel[(j1 - j0,)](rows_kv, rows_gate, ape, pool, table, int(j0), int(base), c,
-                                 M=ratio, OV=overlap, ROWS=_pow2(ratio + overlap), D=d,
-                                 CBS=pool.shape[1])
+    dev = pool.device
+    kv = torch.cat([s.rows_kv for s in work]) if len(work) > 1 else work[0].rows_kv
+    gate = torch.cat([s.rows_gate for s in work]) if len(work) > 1 else work[0].rows_gate
+    width = max(4, max(s.table.shape[0] for s in work))
+    bt = torch.full((len(work), -(-width // 4) * 4), -1, dtype=torch.int32, device=dev)
+    js, row0, trow, off = [], [], [], 0
+    for r, s in enumerate(work):
+        bt[r, :s.table.shape[0]] = s.table
+        js += range(s.j0, s.j1)
+        row0 += [off - s.base] * (s.j1 - s.j0)
+        trow += [r] * (s.j1 - s.j0)
+        off += s.rows_kv.shape[0]
+    n = len(js)
+    arr = torch.tensor([js, row0, trow], dtype=torch.int32, device=dev)
+    _compress_kernel[(n,)](kv, gate, ape, pool, bt, arr[0], arr[1], arr[2], kv.shape[1],
+                           bt.stride(0), M=ratio, OV=overlap, ROWS=_pow2(ratio + overlap),
+                           D=pool.shape[2], CBS=pool.shape[1])
+
+
+def compress(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap, *,
+             backend="triton", pins=(), abi=None):
+    """Write entries [j0, j1) into ``pool`` through block ``table`` (int32, padded): the
+    one-request case of ``compress_batch``.  rows_kv, rows_gate: [R, C] fp32 rows for positions
+    [base, base + R) -- the tail followed by the new chunk; they must cover every row the
+    entries pool."""
+    compress_batch([CompressSlice(rows_kv, rows_gate, table, base, j0, j1)], ape, pool, ratio,
+                   overlap, backend=backend, pins=pins, abi=abi)

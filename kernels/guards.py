@@ -5,14 +5,10 @@ topology); this module only turns tensors into the values those rules take and r
 ``LaunchRefused`` -- carrying the check's name, the offending argument and its value -- when a
 rule says no.  A refused launch has written nothing.
 """
-from typing import NamedTuple
-
-
-from spec.funnel import (GPU_ALIGN, AbiDesc, can_hit_abi, can_hit_bytes, can_read_pinned,
-                         can_replay)
+from spec.funnel import (GPU_ALIGN, POOL_LAYOUT, AbiDesc, PinCheck, can_hit_abi,  # noqa: F401
+                         can_hit_bytes, can_read_pinned, can_replay, pool_abi)
 
 KERNEL_VERSION = 1
-POOL_LAYOUT = "paged[block,row,dim]"
 
 
 class LaunchRefused(Exception):
@@ -24,25 +20,16 @@ class LaunchRefused(Exception):
         super().__init__(f"launch refused by the {check} check on {what}: {value!r}")
 
 
-class PinCheck(NamedTuple):
-    """What the caller pinned (count, version, address epoch) and what is current now."""
-    pins: int
-    pinned_ver: int
-    ver: int
-    pinned_ep: int
-    ep: int
+def tensor_abi(pool, kernel_version):
+    """The AbiDesc a pool tensor ``[blocks, rows, dim]`` actually has (its objects written by
+    kernels of ``kernel_version``): the same vocabulary as the layout's (spec.funnel.pool_abi)."""
+    return AbiDesc(str(pool.dtype).removeprefix("torch."), POOL_LAYOUT, tuple(pool.stride()),
+                   int(pool.shape[1]), int(pool.shape[2]), int(kernel_version))
 
 
-def pool_abi(pool, kernel_version=KERNEL_VERSION):
-    """The ABI a pool tensor actually has; ``kernel_version`` is the one it was written with."""
-    return AbiDesc(str(pool.dtype), POOL_LAYOUT, tuple(pool.stride()), int(pool.shape[1]),
-                   int(pool.shape[2]), int(kernel_version))
-
-
-def expected_abi(block_size, head_dim):
-    """The ABI this build's kernels read: fp32 [block, row, dim] rows, dense, current version."""
-    return AbiDesc("torch.float32", POOL_LAYOUT, (block_size * head_dim, head_dim, 1),
-                   int(block_size), int(head_dim), KERNEL_VERSION)
+def supported_abi(rows, dim):
+    """The ABI this build's kernels read: fp32 rows, dense, this kernel version."""
+    return pool_abi("float32", int(rows), int(dim), KERNEL_VERSION)
 
 
 def _round_up(n, a):
@@ -59,13 +46,21 @@ def check_bytes(what, t, row=True):
         raise LaunchRefused("bytes", what, (t.data_ptr(), nbytes))
 
 
-def check_pool(what, pool, expected, kernel_version=KERNEL_VERSION):
-    """A paged pool: shape [blocks, rows, dim] with exactly the expected ABI, then alignment."""
+def check_pool(what, pool, abi=None, head_dim=None):
+    """A paged pool ``[blocks, rows, dim]``: the tensor is what ``abi`` (the AbiDesc the
+    cache's layout records for it: funnel layer 2's vocabulary) says, and that is what these
+    kernels read (fp32, dense, this kernel version) -- one rule, spec.funnel.can_hit_abi,
+    twice -- then alignment.  ``abi`` None: the tensor must simply be what the kernels read;
+    ``head_dim``: the row width the launch's queries have."""
     if pool.dim() != 3:
         raise LaunchRefused("abi", what, tuple(pool.shape))
-    stored = pool_abi(pool, kernel_version)
-    if not can_hit_abi(stored, expected):
-        raise LaunchRefused("abi", what, stored)
+    want = supported_abi(pool.shape[1], pool.shape[2] if head_dim is None else head_dim)
+    abi = want if abi is None else abi
+    actual = tensor_abi(pool, abi.kernel_version)
+    if not can_hit_abi(actual, abi):
+        raise LaunchRefused("abi", what, actual)
+    if not can_hit_abi(abi, want):
+        raise LaunchRefused("abi", what, abi)
     check_bytes(what, pool)
 
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.guards import (KERNEL_VERSION, LaunchRefused, check_pins, check_pool,
-                            check_same_device, check_tensor, expected_abi)
+                            check_same_device, check_tensor)
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def _pow2(n):
 
 
 def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
-               stored_version=KERNEL_VERSION):
+               abi=None):
     """Score and select for every query of ``plan``; fills ``plan.sel[:, :top_k]`` in place.
 
     iq: [n_q, NI, DI] fp32, iw: [n_q, NI] fp32, keys_pool: [blocks, rows, DI] (indexer pool).
@@ -77,7 +77,7 @@ def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
     if (n_q != plan.n_q or tuple(iw.shape) != (n_q, ni) or ni != _pow2(ni) or di != _pow2(di)
             or not 0 < plan.top_k <= plan.sel.shape[1]):
         raise LaunchRefused("shape", "iq", (tuple(iq.shape), tuple(iw.shape), plan.top_k))
-    check_pool("keys_pool", keys_pool, expected_abi(keys_pool.shape[1], di), stored_version)
+    check_pool("keys_pool", keys_pool, abi, di)
     for name in ("pos", "req", "idx_table", "sel"):
         check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())
     check_same_device("indexer", iq, iw, keys_pool, plan.pos, plan.idx_table, plan.sel)

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from kernels import GuardedGraph, LaunchRefused, PinCheck, compress, index_topk, swa_attention
+from kernels.guards import check_pool
+from spec.funnel import pool_abi
 from kernels.selfcheck import attention_case, compressor_case, indexer_case
 from spec.funnel import AbiDesc
 
@@ -37,7 +39,7 @@ def test_wrong_pool_dtype(case, dtype):
     with pytest.raises(LaunchRefused) as e:
         _run(case, swa_pool=case["swa_pool"].to(dtype))
     assert e.value.check == "abi" and isinstance(e.value.value, AbiDesc)
-    assert e.value.value.dtype == str(dtype)
+    assert e.value.value.dtype == str(dtype).removeprefix("torch.")
 
 
 def test_wrong_q_dtype(case):
@@ -61,9 +63,25 @@ def test_head_dim_mismatch(case):
 
 
 def test_stale_kernel_version(case):
+    """The cache says the pool's objects were written by kernel version 0: refused."""
+    pool = case["swa_pool"]
+    old = pool_abi("float32", pool.shape[1], pool.shape[2], 0)
     with pytest.raises(LaunchRefused) as e:
-        _run(case, stored_version=0)
+        _run(case, swa_abi=old)
     assert e.value.check == "abi" and e.value.value.kernel_version == 0
+
+
+def test_layout_abi_is_the_launch_abi():
+    """One vocabulary: the AbiDesc the layout records for a pool is what the launch accepts;
+    a layout descriptor that disagrees with the tensor (rows) is refused."""
+    from hybridkv.layout import ModelLayout
+    lay = ModelLayout.v4_mini()
+    g = lay.group("csa")
+    rows, dim = lay.pool_tensors("comp", g)["kv"]
+    pool = torch.zeros(8, rows, dim)
+    check_pool("comp_pool", pool, lay.abi("comp", g))
+    with pytest.raises(LaunchRefused):
+        check_pool("comp_pool", torch.zeros(8, rows * 2, dim), lay.abi("comp", g))
 
 
 @pytest.mark.parametrize("which", ["q", "swa_pool"])
@@ -101,7 +119,7 @@ def test_moved_pool_address_from_real_tensors(case):
 def test_refused_compress_writes_nothing():
     c = compressor_case(2, 4, 4, 8, 2, 5, 10)
     before = c["pool"].clone()
-    for bad in (dict(rows_kv=_misaligned(c["rows_kv"])), dict(stored_version=9),
+    for bad in (dict(rows_kv=_misaligned(c["rows_kv"])), dict(abi=pool_abi("float32", 4, 8, 9)),
                 dict(pins=[PinCheck(1, 1, 2, 0, 0)]), dict(base=c["base"] + 1)):
         with pytest.raises(LaunchRefused):
             compress(**{**c, **bad})

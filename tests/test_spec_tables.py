@@ -6,7 +6,7 @@ import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
 import spec
-from hybridkv.tables import CheckedMachine, Table, TransitionRefused, table_for
+from hybridkv.cache.tables import CheckedMachine, Table, TransitionRefused, table_for
 from spec.config import Ctx, SysConfig
 from spec.disk import DiskRec
 from spec.state import MACHINES, RECS

@@ -1,7 +1,4 @@
-"""The V4-mini reference model and the paged cache state it runs against."""
-from hybridkv.model.cache import (Checkpoint, CheckpointIncomplete, LayerCheckpoint, PagedCache,
-                                  PoolExhausted, SeqState, Tail, validate)
-from hybridkv.model.v4mini import V4Mini, V4MiniConfig
+"""The V4-mini reference model; its KV lives in the CacheManager's pools (one memory)."""
+from hybridkv.model.v4mini import SeqWork, V4Mini, V4MiniConfig, tail_start
 
-__all__ = ["Checkpoint", "CheckpointIncomplete", "LayerCheckpoint", "PagedCache", "PoolExhausted",
-           "SeqState", "Tail", "validate", "V4Mini", "V4MiniConfig"]
+__all__ = ["SeqWork", "V4Mini", "V4MiniConfig", "tail_start"]

@@ -7,17 +7,23 @@ and dense attention over all visible entries.  Every attention has a per-head si
 No positional encoding beyond the compressors' learned per-row biases (enough for a model whose
 only job is to make wrong cache state visible in its logits).
 
-``forward(tokens, state)`` runs one chunk (prefill chunk or a decode step) against a SeqState
-and returns the chunk's logits; ``backend`` picks the Triton kernels or the torch references
-(the same guarded wrappers either way).
+One memory: the model owns no KV.  ``forward(batch, cache)`` runs one step of many requests
+(each a ``SeqWork``: its tokens, start position, the block tables and launch pins the
+CacheManager gives it) over the manager's pool tensors (``cache.layer_pools(layer)``): window
+rows are written into the request's window pages, closed compressed entries and indexer keys
+into its chain blocks, the compressors' open windows read from and written to its tail blocks.
+Every kernel launch is one per layer for the whole batch and checks the pools against the
+layout's AbiDescs and the pins of the shared blocks it reads.  Dense products are row-invariant
+(``_mm``), so a request's logits are the same bits whatever its chunking and batch.
 """
 from dataclasses import dataclass, replace
+from typing import NamedTuple, Sequence
 
 import torch
 
-from kernels import compress, hca_attention, index_topk, sparse_attention, swa_attention
+from kernels import (CompressSlice, compress_batch, hca_attention, index_topk, sparse_attention,
+                     swa_attention)
 from kernels.plan import SeqSlice, plan_attention
-from hybridkv.model.cache import PagedCache, SeqState, Tail
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,14 @@ class V4MiniConfig:
 
 def _rms(x, g):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+
+
+def _mm(x, w):
+    """x @ w computed row by row (a batch of one-row products): a row's result does not
+    depend on how many rows it is computed with, so a request's logits are the same bits
+    whatever its chunking and whatever it is batched with (BLAS blocks differently per
+    shape)."""
+    return torch.bmm(x.unsqueeze(1), w.expand(x.shape[0], *w.shape)).squeeze(1)
 
 
 class V4Mini:
@@ -76,84 +90,95 @@ class V4Mini:
         self.norm_f = torch.ones(dm, device=self.device)
         self.head = w(dm, c.vocab)
 
-    # -- state ---------------------------------------------------------------------------
-    def new_cache(self, num_blocks=64, fill=float("nan")):
-        return PagedCache(self.cfg, num_blocks, self.device, fill)
-
-    def new_state(self, cache):
-        return SeqState(cache)
-
     # -- compute -------------------------------------------------------------------------
-    def _compress(self, tail, kv, gate, ape, pool, table, s, n, ratio, overlap):
-        rows_kv, rows_g = torch.cat([tail.kv, kv]), torch.cat([tail.gate, gate])
-        compress(rows_kv, rows_g, ape, pool, table, tail.start, s // ratio, (s + n) // ratio,
-                 ratio, overlap, backend=self.backend)
-        keep = max(0, ((s + n) // ratio) * ratio - overlap)
-        return Tail(keep, rows_kv[keep - tail.start:].clone(), rows_g[keep - tail.start:].clone())
+    def _compress(self, batch, ns, xn, group, wkv, wg, ape, pool, tail_pool, tables, which,
+                  ratio, overlap, abi):
+        """Close every request's windows into ``pool`` (one launch) and roll its open window
+        (read from ``which``, written to ``which + '_write'`` of its tables)."""
+        width = wkv.shape[1]
+        kv_new, g_new = torch.split(_mm(xn, wkv), ns), torch.split(_mm(xn, wg), ns)
+        slices, tails = [], []
+        for r, (w, kv, g) in enumerate(zip(batch, kv_new, g_new)):
+            s, n = w.start, len(w.tokens)
+            tab = w.tables[group]
+            base = tail_start(s, ratio, overlap)
+            blk = tail_pool[getattr(tab, which)]
+            rows_kv = torch.cat([blk[:s - base, :width], kv])
+            rows_g = torch.cat([blk[:s - base, width:2 * width], g])
+            slices.append(CompressSlice(rows_kv, rows_g, tables[r], base, s // ratio,
+                                        (s + n) // ratio))
+            keep = tail_start(s + n, ratio, overlap) - base
+            tails.append((getattr(tab, which + "_write"), rows_kv[keep:], rows_g[keep:]))
+        compress_batch(slices, ape, pool, ratio, overlap, backend=self.backend, abi=abi)
+        for slot, kv, g in tails:
+            tail_pool[slot, :len(kv), :width] = kv
+            tail_pool[slot, :len(g), width:2 * width] = g
 
-    def forward(self, tokens, state):
-        """Run positions [state.length, state.length + len(tokens)); returns [T, vocab] logits
-        and advances ``state`` (blocks reserved first, all or none)."""
-        c, be = self.cfg, self.backend
-        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
-        s, n = state.length, tokens.numel()
-        state.reserve(n)
-        x = self.emb[tokens]
-        pos = torch.arange(s, s + n, device=self.device)
-        for layer, (p, ls) in enumerate(zip(self.layers, state.layers)):
-            cache = state.cache
-            swa_pool = cache.pool("swa", layer)
+    def forward(self, batch, cache):
+        """One step over ``batch`` (SeqWork each): runs every request's positions
+        [start, start + len(tokens)) reading and writing the cache's pools in place; returns
+        each request's [len(tokens), vocab] logits.  The cache must have allocated them."""
+        c, be, dev = self.cfg, self.backend, self.device
+        ns = [len(w.tokens) for w in batch]
+        toks = torch.as_tensor([t for w in batch for t in w.tokens], dtype=torch.long, device=dev)
+        pos = torch.as_tensor([w.start + i for w, n in zip(batch, ns) for i in range(n)],
+                              dtype=torch.long, device=dev)
+        x = self.emb[toks]
+        for layer, (p, kind) in enumerate(zip(self.layers, c.layers)):
+            group = cache.layout.layer_slot[layer][0]
+            pools = cache.layer_pools(layer)
+            abi = {k: cache.kernel_abi(k, group) for k in pools}
+            swa_pool = pools["swa"]["kv"]
+            tabs = [w.tables[group] for w in batch]
             xn = _rms(x, p["norm1"])
-            q = (xn @ p["wq"]).view(n, c.n_heads, c.head_dim).contiguous()
-            bt = torch.as_tensor(ls.swa, dtype=torch.long, device=self.device)
-            swa_pool[bt[pos // c.swa_block], pos % c.swa_block] = xn @ p["wkv"]
-            plan = plan_attention([SeqSlice(s, n, ls.swa, ls.comp, ls.idx)], c.top_k,
-                                  self.device)
-            if ls.kind == "swa":
-                o = swa_attention(q, swa_pool, plan, p["sink"], c.window, backend=be)
+            q = _mm(xn, p["wq"]).view(-1, c.n_heads, c.head_dim).contiguous()
+            pages = torch.cat([torch.as_tensor(t.swa, dtype=torch.long, device=dev)[
+                torch.arange(w.start, w.start + n, device=dev) // c.window]
+                for w, n, t in zip(batch, ns, tabs)])
+            swa_pool[pages, pos % c.window] = _mm(xn, p["wkv"])
+            plan = plan_attention([SeqSlice(w.start, n, t.swa, t.comp, t.idx)
+                                   for w, n, t in zip(batch, ns, tabs)], c.top_k, dev)
+            pins = [pc for w in batch for pc in w.pins.get(group, ())]
+            kw = dict(backend=be, pins=pins, swa_abi=abi["swa"])
+            if kind == "swa":
+                o = swa_attention(q, swa_pool, plan, p["sink"], c.window, **kw)
             else:
-                r = c.ratio(ls.kind)
-                comp_pool = cache.pool("comp", layer)
-                ls.tail = self._compress(ls.tail, xn @ p["wckv"], xn @ p["wcg"], p["ape"],
-                                         comp_pool, plan.comp_table[0], s, n, r,
-                                         r if ls.kind == "csa" else 0)
-            if ls.kind == "csa":
-                ls.idx_tail = self._compress(ls.idx_tail, xn @ p["wikv"], xn @ p["wig"],
-                                             p["iape"], cache.pool("idx", layer),
-                                             plan.idx_table[0], s, n, r, r)
-                iq = (xn @ p["wiq"]).view(n, c.idx_heads, c.idx_dim).contiguous()
-                index_topk(iq, (xn @ p["wiw"]).contiguous(), cache.pool("idx", layer), plan, r,
-                           backend=be)
-                o = sparse_attention(q, swa_pool, comp_pool, plan, p["sink"], c.window,
-                                     backend=be)
-            elif ls.kind == "hca":
-                o = hca_attention(q, swa_pool, comp_pool, plan, p["sink"], c.window, r,
-                                  backend=be)
-            x = x + o.reshape(n, -1) @ p["wo"]
-            h = _rms(x, p["norm2"])
-            x = x + torch.nn.functional.silu(h @ p["w1"]) @ p["w2"]
-        state.length = s + n
-        state.slide()
-        return _rms(x, self.norm_f) @ self.head
+                r = c.ratio(kind)
+                comp_pool = pools["comp"]["kv"]
+                self._compress(batch, ns, xn, group, p["wckv"], p["wcg"], p["ape"], comp_pool,
+                               pools["tail"]["rows"], plan.comp_table, "tail", r,
+                               r if kind == "csa" else 0, abi["comp"])
+                kw["comp_abi"] = abi["comp"]
+            if kind == "csa":
+                keys = pools["idx"]["keys"]
+                self._compress(batch, ns, xn, group, p["wikv"], p["wig"], p["iape"], keys,
+                               pools["idx"]["tail"], plan.idx_table, "itail", r, r, abi["idx"])
+                iq = _mm(xn, p["wiq"]).view(-1, c.idx_heads, c.idx_dim).contiguous()
+                index_topk(iq, _mm(xn, p["wiw"]).contiguous(), keys, plan, r, backend=be,
+                           pins=pins, abi=abi["idx"])
+                o = sparse_attention(q, swa_pool, comp_pool, plan, p["sink"], c.window, **kw)
+            elif kind == "hca":
+                o = hca_attention(q, swa_pool, comp_pool, plan, p["sink"], c.window, r, **kw)
+            x = x + _mm(o.reshape(len(o), -1), p["wo"])
+            x = x + _mm(torch.nn.functional.silu(_mm(_rms(x, p["norm2"]), p["w1"])), p["w2"])
+        return list(torch.split(_mm(_rms(x, self.norm_f), self.head), ns))
 
-    def prefill(self, tokens, state, chunk=8):
-        """Chunked prefill: ``forward`` over consecutive chunks of ``chunk`` tokens."""
-        tokens = list(tokens)
-        outs = [self.forward(tokens[i:i + chunk], state) for i in range(0, len(tokens), chunk)]
-        return torch.cat(outs) if outs else torch.zeros((0, self.cfg.vocab))
+    def layout(self):
+        """The cache layout this model's memory has (hybridkv.ModelLayout.from_model)."""
+        from hybridkv.layout import ModelLayout
+        return ModelLayout.from_model(self.cfg)
 
-    def generate(self, prompt, max_new_tokens, state, chunk=8):
-        """Greedy: prefill ``prompt`` on top of whatever ``state`` holds, then decode.
-        ``prompt`` must be non-empty (the next token needs the last position's logits; a
-        cache hit on the whole prompt resumes at len(prompt) - 1).  Returns (tokens, logits
-        of the decode steps)."""
-        if len(prompt) == 0:
-            raise ValueError("generate needs at least one prompt token to recompute")
-        logits = self.prefill(prompt, state, chunk)
-        out, steps = [], []
-        for _ in range(max_new_tokens):
-            tok = int(logits[-1].argmax())
-            out.append(tok)
-            logits = self.forward([tok], state)
-            steps.append(logits)
-        return out, torch.cat(steps) if steps else logits[:0]
+
+class SeqWork(NamedTuple):
+    """One request's part of a forward: its tokens at positions [start, start + len(tokens)),
+    its block tables (group -> GroupTables, from the CacheManager) and, per group, the
+    PinCheck of every shared block its launches read (CacheManager.launch_pins)."""
+    tokens: Sequence[int]
+    start: int
+    tables: dict
+    pins: dict
+
+
+def tail_start(H, ratio, overlap):
+    """First raw row the compressor's open window at H still needs."""
+    return max(0, (H // ratio) * ratio - overlap)

@@ -3,19 +3,23 @@
 cross-object conditions are the spec's own system guards: ``can_disk_target`` (the finishing
 event names the kind the record targets) on the driver's disk records, ``can_load_start``
 conjunct by conjunct through LOAD_START_CHECKS (its admission conjunct is the runtime's
-own count, hybridkv.alloc.admits)."""
+own rule, CacheManager.admission.admits)."""
 from types import SimpleNamespace
 
-from hybridkv import alloc as A
-from hybridkv.tables import table_for
+from hybridkv.cache.tables import table_for
 from spec import common
 from spec.disk import DiskPrefixMachine, DiskRec
+from spec.state import KINDS
 from spec.system import can_disk_target
+
+IDX = KINDS.index("idx")
 
 _DISK = table_for(DiskPrefixMachine)
 # spec.system.can_load_start: I2 (copy loads into its own kind), I1 (the runtime's admission)
 LOAD_START_CHECKS = {"kind": lambda d, dd, k: d.state.disk[dd].kind == k,
-                     "admit": lambda d, dd, k: A.admits(d.mgr, 1)}
+                     "admit": lambda d, dd, k: d.mgr.admission.admits(1),
+                     "version": lambda d, dd, k: d.state.disk[dd].kind != IDX
+                     or d.state.disk[dd].x == d.mgr.miv}
 BLANK = {f: 0 for f in DiskRec._fields if f != "st"}     # a freed slot forgets its copy
 
 
@@ -33,7 +37,7 @@ def _disk_fire(self, d, event, **fields):
 
 def spill_start(self, d, k, i):
     o = self.pools[k].recs[i]
-    self._need(A.admits(self.mgr, 1), "admission")
+    self._need(self.mgr.admission.admits(1), "admission")
     _disk_can(self, d, "spill_start")
     self._can(k, i, "pin")
     a, b, x = common.content(o)

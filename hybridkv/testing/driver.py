@@ -1,11 +1,13 @@
-"""Object-level driver: the spec's actions (spec.ACTIONS) applied to single runtime objects.
+"""Object-level driver (a test harness): the spec's actions (spec.ACTIONS) applied to single
+runtime objects.
 
 For the conformance test on a small configuration: ``CacheManager.for_spec(cfg)`` builds one
 CSA group with an indexer whose four pools hold ``cfg.n_obj`` blocks each (abstract object i
-of kind k = block i of that kind's pool).  Each action runs the runtime's own primitives --
-Pool.fire (compiled tables + spec guards/effects), Pool.relocate (real data move),
-hybridkv.lookup.object_ready (the lookup's readiness checks), CacheManager.read_ok (the
-launch re-check), the admission check -- and raises ``Refused`` (changing nothing) where the
+of kind k = block i of that kind's pool); ``ObjectDriver(mgr)`` registers itself with the
+manager as a pin holder.  Each action runs the runtime's own primitives -- Pool.fire
+(compiled tables + spec guards/effects), Pool.relocate (real data move),
+hybridkv.cache.funnel.object_ready (the lookup's readiness checks), CacheManager.read_ok (the
+launch re-check), the admission rule -- and raises ``Refused`` (changing nothing) where the
 spec says the action is disabled.  ``abstract()`` maps the runtime to spec.state.Sys;
 ``restore(sys)`` loads one (a trace's arbitrary start state).
 
@@ -17,17 +19,19 @@ one spec conjunct (tests/test_golden_runtime.py mirrors the spec's guard mutants
 """
 from dataclasses import dataclass, field
 
-from hybridkv import alloc as A
+from hybridkv.cache.funnel import KIND_MODULE, Read, object_ready
+from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import Refused
-from hybridkv.lookup import KIND_MODULE, Read, object_ready
-from hybridkv.pools import ObjRef
-from hybridkv.tables import TransitionRefused
 from spec.common import PINNED
 from spec.disk import DiskRec
 from spec import system as S
 from spec.funnel import can_hit_aligned, can_hit_groups
 from spec.state import (HELD, IDLE, KINDS, LOOKED, RUNNING, D_LOADING, D_WRITING, Graph, Req,
                         Sys)
+from spec.common import FREE
+
+IDX = KINDS.index("idx")
 
 
 
@@ -64,6 +68,7 @@ class ObjectDriver:
         self.state = DriverState([Req(IDLE, 0, z, z, z) for _ in range(c.n_req)],
                                  [Graph(0, z, z, 0) for _ in range(c.n_graph)],
                                  [DiskRec(*(0,) * len(DiskRec._fields)) for _ in range(c.n_disk)])
+        mgr.holders.append(self)
 
     # -- views -----------------------------------------------------------------------------
     def abstract(self):
@@ -71,8 +76,23 @@ class ObjectDriver:
         return Sys(mem=tuple(tuple(p.recs) for p in self.pools), disk=tuple(s.disk),
                    req=tuple(s.req), graph=tuple(s.graph), miv=self.mgr.miv)
 
+    # -- what the manager asks of a holder ------------------------------------------------
     def disk_transit(self):
         return sum(d.st in (D_WRITING, D_LOADING) for d in self.state.disk)
+
+    def requests_in_flight(self):
+        return sum(r.ph != IDLE for r in self.state.req)
+
+    def indexer_loads(self):
+        return sum(d.st == D_LOADING and d.kind == IDX for d in self.state.disk)
+
+    def owned(self):
+        """Every non-free block of its pools: the driver writes and holds them directly."""
+        return [(KINDS[k], self.group, i) for k, p in enumerate(self.pools)
+                for i, r in enumerate(p.recs) if r.st != FREE]
+
+    def abstract_state(self):
+        return self.abstract(), self.cfg
 
     def holders(self):
         out = {}
@@ -120,7 +140,7 @@ class ObjectDriver:
 
     # -- memory objects ----------------------------------------------------------------------
     def write(self, k, i, p, draft=0):
-        self._need(A.admits(self.mgr, 1), "admission")
+        self._need(self.mgr.admission.admits(1), "admission")
         self._can(k, i, "draft" if draft else "write")
         self.pools[k].write(i, p, draft)
 
@@ -132,6 +152,9 @@ class ObjectDriver:
 
     def accept(self, k, i):
         self._fire(k, i, "accept")
+
+    def publish(self, k, i):
+        self._fire(k, i, "publish")
 
     def reject(self, k, i):
         self._fire(k, i, "reject")
@@ -234,6 +257,6 @@ class ObjectDriver:
         z = (0,) * len(KINDS)                    # a released graph forgets its addresses
         self.state.graph[g] = self.state.graph[g]._replace(cap=0, ref=z, eps=z)
 
-    from hybridkv.driver_disk import (damage, drop, load_bad, load_cancel,  # noqa: E402
+    from hybridkv.testing.driver_disk import (damage, drop, load_bad, load_cancel,  # noqa: E402
                                       load_ok, load_start, spill_crash, spill_done,
                                       spill_start)

@@ -1,0 +1,47 @@
+"""Admission: one rule (spec.funnel.can_admit_objects, scalar) for objects in transit, and per
+pool "free + evictable covers the new blocks".  Refusal is decided in O(pools) from the
+writer's closed-form counts (ObjectWriter.blocks_needed), before any block is touched, and
+changes nothing.  ``pool_sizes`` sizes pools from the same counts.
+"""
+from hybridkv.errors import AdmissionRefused, RequestTooLarge
+from spec.funnel import can_admit_objects
+
+
+class Admission:
+    def __init__(self, pools, evictor, cap, transit=lambda: 0):
+        self.pools, self.evictor, self.cap = pools, evictor, cap
+        self.transit = transit          # disk spills / loads and external holders in transit
+
+    def in_transit(self):
+        return sum(p.n_writing for p in self.pools.values()) + self.transit()
+
+    def check(self, need, protect=()):
+        """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
+        it) unless every pool can supply its blocks from free + evictable ones, minus the
+        ``protect``ed cached blocks about to be pinned, and the cap admits them all."""
+        held = {}
+        for r in protect:
+            pk = (r.ref.kind, r.ref.group)
+            if r.ref.block in self.evictor.cached[pk]:
+                held[pk] = held.get(pk, 0) + 1
+        short, too_large = {}, {}
+        for pk, k in need.items():
+            avail = self.evictor.available(pk) - held.get(pk, 0)
+            if k > avail:
+                short[f"{pk[0]}/{pk[1]}"] = (k, avail)
+            if k > self.pools[pk].n:
+                too_large[f"{pk[0]}/{pk[1]}"] = (k, self.pools[pk].n)
+        total = sum(need.values())
+        n = self.in_transit()
+        if not can_admit_objects(n, total, self.cap):
+            short["in_transit"] = (total, self.cap - n)
+            if not can_admit_objects(0, total, self.cap):
+                too_large["in_transit"] = (total, self.cap)
+        if too_large:
+            raise RequestTooLarge("allocation can never fit this cache", too_large)
+        if short:
+            raise AdmissionRefused("allocation refused", short)
+
+    def admits(self, extra):
+        """The cap admits ``extra`` more objects in transit now."""
+        return can_admit_objects(self.in_transit(), extra, self.cap)

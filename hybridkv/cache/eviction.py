@@ -1,0 +1,145 @@
+"""Eviction per (kind, group) pool, each pool with its own policy instance (never one global
+LRU across kinds): which cached blocks may go, in which order, and taking one out.
+
+Order within a pool: first objects no lookup can reach any more (``dead``: the exact objects
+and leaf anchors of a checkpoint whose chain or snapshot went; PrefixIndex.unpublish reports
+them), then the policy's choice among *leaves* -- cached blocks without cached children in this
+pool -- so a chain loses its deepest block first and a prefix is never broken in the middle.
+
+A block is ``cached`` when it is admitted to the policy, READY (or STALE) and unpinned: it can
+be evicted now or once its descendants are.  Admission counts ``n_free + cached`` per pool (a
+running request pins every chain block it reads, so no cached block has a pinned descendant).
+"""
+from hybridkv.cache.pool import ObjRef
+from hybridkv.errors import AdmissionRefused
+from hybridkv.policy import EntryMeta
+from spec.common import READY, STALE
+
+CACHED_STATES = (READY, STALE)
+
+
+class Evictor:
+    def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
+        self.pools, self.index, self.metrics = pools, index, metrics
+        self.policies = {pk: policy_factory() for pk in pools}
+        self.admitted = {pk: set() for pk in pools}     # known to the policy
+        self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
+        self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
+        self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
+        self.on_evict = on_evict                        # spill hook: called before a drop
+        self.clock = 0
+
+    # -- what is cached --------------------------------------------------------------------
+    def admit(self, ref, at, exact):
+        """A published block becomes a cache entry (evictable once unpinned and a leaf)."""
+        pk, b = (ref.kind, ref.group), ref.block
+        if b not in self.admitted[pk]:
+            pool = self.pools[pk]
+            self.policies[pk].admit(EntryMeta(b, "checkpoint" if exact else "block",
+                                              pool.block_nbytes, float(at * pool.n_layers),
+                                              ref.kind), self.clock)
+            self.admitted[pk].add(b)
+        self.refresh(ref)
+
+    def refresh(self, ref):
+        """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
+        pk, b = (ref.kind, ref.group), ref.block
+        pool = self.pools[pk]
+        cached = b in self.admitted[pk] and pool.recs[b].st in CACHED_STATES
+        (self.cached[pk].add if cached else self.cached[pk].discard)(b)
+        leaf = cached and self.index.children(ref) == 0
+        if leaf and b not in self.eligible[pk]:
+            self.policies[pk].eligible(b)
+            self.eligible[pk].add(b)
+        elif not leaf and b in self.eligible[pk]:
+            self.policies[pk].ineligible(b)
+            self.eligible[pk].discard(b)
+        pool.touch(b)
+
+    def access(self, ref):
+        """A request used the block (a hit)."""
+        self.clock += 1
+        if ref.block in self.admitted[(ref.kind, ref.group)]:
+            self.policies[(ref.kind, ref.group)].access(ref.block, self.clock)
+
+    def mark_dead(self, refs):
+        for ref in refs:
+            pk = (ref.kind, ref.group)
+            self.dead[pk][ref.block] = None
+            self.pools[pk].touch(ref.block)
+
+    def forget(self, ref, evicted=True):
+        """The block left the cache (dropped): out of the policy and every set."""
+        pk, b = (ref.kind, ref.group), ref.block
+        self.dead[pk].pop(b, None)
+        self.cached[pk].discard(b)
+        if b in self.eligible[pk]:
+            self.eligible[pk].discard(b)
+        if b in self.admitted[pk]:
+            self.admitted[pk].discard(b)
+            self.policies[pk].remove(b, evicted)
+        self.pools[pk].touch(b)
+
+    def available(self, pk):
+        """Blocks pool ``pk`` can supply: free now, or cached (evictable)."""
+        return self.pools[pk].n_free + len(self.cached[pk])
+
+    # -- taking blocks back -----------------------------------------------------------------
+    def victim(self, pk):
+        """The next block to evict from pool ``pk``: a dead cached one, else the policy's
+        choice among leaves; None when nothing can go."""
+        dead = self.dead[pk]
+        while dead:
+            b = next(iter(dead))
+            if b in self.cached[pk] and self.index.children(_ref(pk, b)) == 0:
+                return b
+            del dead[b]                       # pinned again, gone, or has children now
+        return self.policies[pk].victim()
+
+    def drop(self, ref, event="evict"):
+        """Take a block out: fire ``event`` (to FREE; a stale indexer block by drop_stale),
+        unpublish it, forget it; parents left without children are re-offered as leaves and
+        what only it made reachable is marked dead.  A refused event changes nothing."""
+        pk, b = (ref.kind, ref.group), ref.block
+        pool = self.pools[pk]
+        if pool.recs[b].st == STALE:
+            event = "drop_stale"
+        pool.fire(b, event)
+        leaves, dead = self.index.unpublish(ref)
+        self.forget(ref, event != "reject")
+        for parent in leaves:
+            self.refresh(parent)
+        self.mark_dead(dead)
+
+    def make_room(self, pk, k):
+        """Evict this pool's victims (never another kind's) until k blocks are free; each
+        victim is offered to ``on_evict`` first (a disk tier spills it)."""
+        pool = self.pools[pk]
+        while pool.n_free < k:
+            b = self.victim(pk)
+            if b is None:
+                raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
+            ref = _ref(pk, b)
+            if self.on_evict is not None:
+                self.on_evict(ref)
+            self.drop(ref)
+            self.metrics.evicted(pk[0])
+
+    def check(self):
+        """Problems (empty list = sound): every set holds only what its definition says."""
+        bad = []
+        for pk, pool in self.pools.items():
+            for b in self.cached[pk]:
+                if b not in self.admitted[pk] or pool.recs[b].st not in CACHED_STATES:
+                    bad.append(("cached", pk, b, pool.recs[b].st))
+            for b in self.eligible[pk]:
+                if b not in self.cached[pk] or self.index.children(_ref(pk, b)):
+                    bad.append(("eligible", pk, b))
+            for b in self.admitted[pk]:
+                if not self.index.published(pk[0], pk[1], b):
+                    bad.append(("admitted-unpublished", pk, b))
+        return bad
+
+
+def _ref(pk, b):
+    return ObjRef(pk[0], pk[1], b)

@@ -1,0 +1,202 @@
+"""Prefix index: chained granule hashes, per-pool object maps, checkpoint records, and the
+prefix-tree relations eviction needs.
+
+Keys.  ``root = H(tag, layout id, model version, salt)``; the chain key at H (a multiple of the
+granule) is ``H(key(H - granule), tokens[H - granule:H])`` (blake2b, 16 bytes), extended one
+granule at a time as tokens become known.  A chain block (comp / idx) ending at e is published
+under the chain key at e, an exact object (snapshot) of a checkpoint at H under the chain key at
+H, each in its own (kind, group) map: so the tenant salt, the layout id and the model version
+key every group and every tier.
+
+Relations.  Within one pool a chain block's parent is the chain block ending one block earlier,
+and an exact comp / idx object's parent is the chain block its open block extends; ``children``
+counts a block's cached children (eviction takes leaves before their ancestors).  A checkpoint
+record at H hangs from (``anchors``) the deepest chain block of every chain pool below H; when an
+anchor or one of its exact objects goes, the checkpoint can never be reached again: the record is
+dropped and what only it could reach is reported dead (reclaimed first).
+"""
+import hashlib
+from array import array
+from typing import NamedTuple
+
+from hybridkv.cache.pool import ObjRef
+
+TAG = b"hybridkv/prefix/2"
+
+
+class Checkpoint(NamedTuple):
+    H: int
+    key: bytes         # chain key at H
+    anchors: tuple     # ObjRef: per chain pool, the chain block ending at H - H % block_size
+
+
+class _Entry:
+    __slots__ = ("key", "exact", "parent", "children", "anchored")
+
+    def __init__(self, key, exact, parent):
+        self.key, self.exact, self.parent = key, exact, parent
+        self.children = set()      # blocks of the same pool whose parent this is
+        self.anchored = set()      # chain keys of checkpoints hanging from this block
+
+
+def _h(*parts):
+    m = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        m.update(p)
+    return m.digest()
+
+
+def root_key(layout, salt):
+    return _h(TAG, b"|", layout.layout_id(), b"|", layout.model_version.encode(), b"|", salt)
+
+
+def extend_chain(keys, root, tokens, granule):
+    """Append chain keys for every full granule of ``tokens`` not yet in ``keys`` (only the new
+    granules are hashed)."""
+    n = len(tokens) // granule
+    prev = keys[-1] if keys else root
+    for i in range(len(keys), n):
+        prev = _h(prev, array("q", tokens[i * granule:(i + 1) * granule]).tobytes())
+        keys.append(prev)
+    return keys
+
+
+class PrefixIndex:
+    """Object maps per (kind, group), checkpoint records by chain key, tree relations."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        pks = layout.pool_keys()
+        self.chain = {pk: {} for pk in pks}        # chain key -> block
+        self.exact = {pk: {} for pk in pks}        # chain key at H -> block
+        self.entries = {pk: {} for pk in pks}      # block -> _Entry
+        self.ckpts = {}                            # chain key -> Checkpoint
+
+    # -- queries ---------------------------------------------------------------------------
+    def chain_block(self, kind, group, key):
+        return self.chain[(kind, group)].get(key)
+
+    def exact_block(self, kind, group, key):
+        return self.exact[(kind, group)].get(key)
+
+    def published(self, kind, group, b):
+        return b in self.entries[(kind, group)]
+
+    def key_of(self, kind, group, b):
+        """(key, exact) a published block is filed under, or None."""
+        e = self.entries[(kind, group)].get(b)
+        return None if e is None else (e.key, e.exact)
+
+    def children(self, ref):
+        e = self.entries[(ref.kind, ref.group)].get(ref.block)
+        return 0 if e is None else len(e.children)
+
+    def anchored(self, ref):
+        e = self.entries[(ref.kind, ref.group)].get(ref.block)
+        return bool(e is not None and e.anchored)
+
+    def __len__(self):
+        return sum(len(m) for m in self.entries.values())
+
+    # -- changes ---------------------------------------------------------------------------
+    def publish(self, ref, key, exact, parent=None):
+        """File block ``ref`` under ``key`` unless the key is taken; True when published.
+        ``parent`` (an ObjRef in the same pool, or None) gains a child."""
+        pk = (ref.kind, ref.group)
+        m = (self.exact if exact else self.chain)[pk]
+        if key in m:
+            return False
+        m[key] = ref.block
+        if parent is not None and parent.block not in self.entries[pk]:
+            parent = None
+        self.entries[pk][ref.block] = _Entry(key, exact, parent)
+        if parent is not None:
+            self.entries[pk][parent.block].children.add(ref.block)
+        return True
+
+    def add_checkpoint(self, H, key, anchors):
+        """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
+        when one is already recorded under this key or an anchor is not published."""
+        if key in self.ckpts or any(a.block not in self.entries[(a.kind, a.group)]
+                                    for a in anchors):
+            return False
+        self.ckpts[key] = Checkpoint(H, key, tuple(anchors))
+        for a in anchors:
+            self.entries[(a.kind, a.group)][a.block].anchored.add(key)
+        return True
+
+    def unpublish(self, ref):
+        """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost
+        their last child, and published objects no lookup can reach any more (the exact
+        objects and unanchored leaf anchors of every checkpoint this block was part of)."""
+        pk = (ref.kind, ref.group)
+        e = self.entries[pk].pop(ref.block, None)
+        if e is None:
+            return [], []
+        m = (self.exact if e.exact else self.chain)[pk]
+        if m.get(e.key) == ref.block:
+            del m[e.key]
+        leaves, dead = [], []
+        for c in e.children:                 # a forced drop (stale sweep): orphans
+            self.entries[pk][c].parent = None
+        if e.parent is not None:
+            pe = self.entries[pk].get(e.parent.block)
+            if pe is not None:
+                pe.children.discard(ref.block)
+                if not pe.children:
+                    leaves.append(e.parent)
+                    if not pe.anchored and not pe.exact:
+                        dead.append(e.parent)
+        for ck in ([e.key] if e.exact else list(e.anchored)):
+            dead += self._kill(ck)
+        return leaves, dead
+
+    def _kill(self, key):
+        """Drop the checkpoint record ``key``; its remaining exact objects, and anchors left
+        with neither children nor checkpoints, are dead."""
+        ck = self.ckpts.pop(key, None)
+        if ck is None:
+            return []
+        dead = []
+        for spec in self.layout.exact_at(ck.H):
+            pk = (spec.kind, spec.group)
+            b = self.exact[pk].get(key)
+            if b is not None:
+                dead.append(ObjRef(spec.kind, spec.group, b))
+        for a in ck.anchors:
+            ae = self.entries[(a.kind, a.group)].get(a.block)
+            if ae is not None:
+                ae.anchored.discard(key)
+                if not ae.children and not ae.anchored:
+                    dead.append(a)
+        return dead
+
+    def drop_checkpoint(self, key):
+        """Forget the record (its objects stay published); returns what became dead."""
+        return self._kill(key)
+
+    def check(self, pools):
+        """Problems (empty list = sound): every filed key maps to its block and back, no free
+        block is filed, children counts and anchors agree with the entries."""
+        bad, kids = [], {}
+        for pk, ents in self.entries.items():
+            for b, e in ents.items():
+                m = (self.exact if e.exact else self.chain)[pk]
+                if m.get(e.key) != b:
+                    bad.append(("key-map", pk, b))
+                if pools[pk].recs[b].st == 0:
+                    bad.append(("free-published", pk, b))
+                if e.parent is not None:
+                    kids.setdefault((pk, e.parent.block), set()).add(b)
+                for ck in e.anchored:
+                    if ck not in self.ckpts:
+                        bad.append(("anchor", pk, b))
+            for m in (self.chain[pk], self.exact[pk]):
+                for key, b in m.items():
+                    if b not in ents or ents[b].key != key:
+                        bad.append(("stale-key", pk, b))
+        for pk, ents in self.entries.items():
+            for b, e in ents.items():
+                if e.children != kids.get((pk, b), set()):
+                    bad.append(("children", pk, b, sorted(e.children)))
+        return bad

@@ -1,0 +1,513 @@
+"""CacheManager: the verified cache manager, whose pools are the KV memory the kernels read.
+
+The flow of one request (what an engine does, what each call does here):
+  1. ``lookup(rid, tokens, salt)``   hash the prompt's granules, run the funnel: a HitPlan whose
+                                     ``reuse_tokens`` H is the only place it may resume
+  2. ``allocate(rid, n[, num_draft_tokens])``   the first call pins the plan's objects (a stale
+                                     one: StaleRead, nothing changed), copies the snapshots at H
+                                     into the request's working objects, then writes every block
+                                     positions (H, H + n] need; all or nothing (AdmissionRefused)
+  3. ``tables(rid)`` / ``launch_pins(rid, group)`` / ``layer_pools(layer)``   what a kernel
+                                     launch reads: block tables of physical slots, the pins it
+                                     re-checks right before it runs (spec can_read_pinned), the
+                                     pool tensors; ``begin_read(rid)`` re-checks all of them
+  4. ``commit(rid, n, token_ids)``   positions computed: publish, seal, capture snapshots
+  5. ``free(rid)``                   working objects released, pins given back, what is
+                                     published stays cached for the next request
+Drafts: ``allocate(..., num_draft_tokens=k)`` then ``accept_drafts`` / ``reject_drafts``.
+Every public call holds one re-entrant lock and never does blocking I/O under it.  Bad input
+raises a named error from hybridkv.errors and changes nothing; so does AdmissionRefused.
+``checked=True`` shadows every block with a python-statemachine instance and asserts the
+invariants after every public call (hybridkv.cache.checked).
+"""
+import threading
+
+from hybridkv.cache.admission import Admission
+from hybridkv.cache.checked import Checker, locked
+from hybridkv.cache.eviction import Evictor
+from hybridkv.cache.funnel import HitPlan, run_funnel
+from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
+from hybridkv.cache.pool import NO_LIMIT, GroupCtx, ObjRef, Pool
+from hybridkv.cache.request import Allocation, Request, check_count, check_tokens
+from hybridkv.cache.snapshots import Snapshots
+from hybridkv.cache.tables import TransitionRefused
+from hybridkv.cache.writer import ObjectWriter
+from hybridkv.errors import (BadArgument, BadSalt, BadTokens, CommitPastAllocation,
+                             DraftsPending, LayoutError, Refused, RequestBusy, StaleRead,
+                             UnknownRequest)
+from hybridkv.layout import ModelLayout
+from hybridkv.metrics import Metrics
+from hybridkv.policy import ValuePolicy
+from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
+from spec.funnel import PinCheck, can_bump_indexer, can_read_pinned
+from spec.state import HELD, LOOKED, RUNNING
+
+STATE_NAMES = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned",
+               LOADING: "loading", STALE: "stale"}
+
+
+def _device(device):
+    import torch
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise BadArgument(f"device: {e}", device) from None
+
+
+class CacheManager:
+    def __init__(self, layout, num_blocks=64, device="cpu", disk=None, checked=False,
+                 policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
+                 max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
+                 spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
+                 check_every=64):
+        if not isinstance(layout, ModelLayout):
+            raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
+        sizes = num_blocks if isinstance(num_blocks, dict) else \
+            {pk: num_blocks for pk in layout.pool_keys()}
+        if set(sizes) != set(layout.pool_keys()):
+            raise BadArgument("num_blocks must name every pool", sorted(sizes))
+        for pk, n in sizes.items():
+            check_count(f"num_blocks[{pk}]", n, 1)
+        check_count("every_n", every_n)
+        if every_n % layout.granule:
+            raise BadArgument("every_n must be a multiple of the hash granule",
+                              (every_n, layout.granule))
+        if cap is not None:
+            check_count("cap", cap, 1)
+        self.layout, self.device, self.checked = layout, _device(device), bool(checked)
+        self.vocab = vocab or layout.vocab
+        self.max_iv, self.miv = max_iv, 0
+        self.metrics = metrics or Metrics()
+        self.ctx = {g.name: GroupCtx(g, max_ver, max_ep) for g in layout.groups}
+        self.pools = {}
+        for kind, gname in layout.pool_keys():
+            g = layout.group(gname)
+            self.pools[(kind, gname)] = Pool(kind, g, sizes[(kind, gname)],
+                                             layout.pool_tensors(kind, g), layout.abi(kind, g),
+                                             self.ctx[gname], self.device, self.checked,
+                                             self.metrics.transition)
+        self.index = PrefixIndex(layout)
+        self.evictor = Evictor(self.pools, self.index, policy_factory, self.metrics)
+        self.admission = Admission(self.pools, self.evictor,
+                                   cap if cap is not None else sum(sizes.values()),
+                                   self._transit)
+        self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, every_n)
+        self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots)
+        self.requests = {}
+        self.spec_cfg = None       # set by for_spec: the abstract configuration it mirrors
+        self.holders = []          # other pin holders (e.g. an object-level driver)
+        self.lock = threading.RLock()
+        self.disk = disk
+        self.disk_link = None
+        if disk is not None:
+            from hybridkv.cache.disklink import DiskLink
+            self.disk_link = DiskLink(self, disk, spill_kinds, spill_on_evict)
+            self.evictor.on_evict = self.disk_link.on_evict
+        self.checker = Checker(self, check_every)
+
+    def _transit(self):
+        link = self.disk_link
+        return sum(h.disk_transit() for h in self.holders) + \
+            (link.in_transit() if link is not None else 0)
+
+    def _request(self, request_id):
+        try:
+            return self.requests[request_id]
+        except (KeyError, TypeError):
+            raise UnknownRequest("unknown request", request_id) from None
+
+    # -- 1. lookup ------------------------------------------------------------------------------
+    @locked
+    def lookup(self, request_id, token_ids, salt=b""):
+        """The HitPlan for ``token_ids`` under tenant ``salt``; registers the request (a
+        looked-up request may look up again).  Reads the cache only."""
+        if not isinstance(salt, bytes):
+            raise BadSalt("salt must be bytes", type(salt).__name__)
+        if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
+            raise BadArgument("request_id must be a str or int", request_id)
+        tokens = check_tokens(token_ids, self.vocab)
+        if not tokens:
+            raise BadTokens("a lookup needs at least one token", (0, None))
+        old = self.requests.get(request_id)
+        if old is not None and old.phase != LOOKED:
+            raise RequestBusy("request already holds cache state", request_id)
+        root = root_key(self.layout, salt)
+        keys = extend_chain([], root, tokens, self.layout.granule)
+        plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),
+                          self.disk_link)
+        self.requests[request_id] = Request(request_id, salt, root, tokens, keys, plan,
+                                            len(tokens))
+        self.metrics.lookup(plan)
+        return plan
+
+    # -- 2. pin / allocate ----------------------------------------------------------------------
+    def _check_plan(self, req):
+        """The plan's objects are still what the funnel checked (pinnable, same version and
+        address): else StaleRead, nothing changed -- the caller looks up again."""
+        for r in req.plan.reads:
+            pool = self.pools[(r.ref.kind, r.ref.group)]
+            rec = pool.recs[r.ref.block]
+            if pool.target(r.ref.block, "pin") is None or (rec.ver, rec.ep) != (r.ver, r.ep):
+                raise StaleRead("planned object changed since lookup", tuple(r.ref))
+
+    def _take_plan(self, req):
+        """Pin the plan's objects (they become the request's reads)."""
+        for r in req.plan.reads:
+            self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
+            self.evictor.refresh(r.ref)
+            self.evictor.access(r.ref)
+        req.reads = list(req.plan.reads)
+        H = req.plan.reuse_tokens
+        req.num_computed_tokens = req.num_allocated_tokens = H
+        req.phase = HELD
+
+    def _allocate(self, req, end, draft_end):
+        first = req.phase == LOOKED
+        start = req.plan.reuse_tokens if first else req.num_allocated_tokens
+        if first:
+            self._check_plan(req)
+        protect = req.plan.reads if first else ()
+        self.admission.check(self.writer.blocks_needed(req, end, draft_end), protect)
+        points = self.snapshots.points(req, start, end)
+        need = self.writer.blocks_needed(req, end, draft_end, points)
+        self.admission.check(need, protect)
+        restored = self.writer.restored_bytes
+        if first:
+            self._take_plan(req)
+        for pk, k in need.items():
+            self.evictor.make_room(pk, k)
+        if first:
+            self.writer.begin(req)
+        self.writer.write(req, end, draft_end)
+        self.snapshots.write(req, points, self.writer.publish)
+        req.num_allocated_tokens = end
+        req.num_draft_tokens = draft_end - end
+        return Allocation(start, end, draft_end, tuple(points), req.tables,
+                          self.writer.restored_bytes - restored)
+
+    @locked
+    def pin(self, request_id):
+        """Take the plan: pin its objects and copy the snapshots at H into the request's
+        working objects (what the first ``allocate`` does implicitly)."""
+        req = self._request(request_id)
+        if req.phase != LOOKED:
+            raise RequestBusy("pin needs a looked-up request", request_id)
+        H = req.plan.reuse_tokens
+        self._allocate(req, H, H)
+        return req.plan
+
+    @locked
+    def unpin(self, request_id):
+        """Give the plan back (a pinned request that computed nothing): LOOKED again."""
+        req = self._request(request_id)
+        H = req.plan.reuse_tokens
+        if req.phase not in (HELD, RUNNING) or req.num_allocated_tokens != H or \
+                req.num_draft_tokens:
+            raise RequestBusy("unpin only a pinned request that wrote nothing", request_id)
+        self.writer.release(req)
+        fresh = Request(req.request_id, req.salt, req.root_key, req.token_ids, req.chain_keys,
+                        req.plan, req.prompt_len)
+        self.requests[request_id] = fresh
+
+    @locked
+    def allocate(self, request_id, num_new_tokens, num_draft_tokens=0):
+        """Write every block the next ``num_new_tokens`` positions (and ``num_draft_tokens``
+        draft positions after them) need; all or nothing.  Returns the Allocation."""
+        req = self._request(request_id)
+        check_count("num_new_tokens", num_new_tokens)
+        check_count("num_draft_tokens", num_draft_tokens)
+        if req.num_draft_tokens:
+            raise DraftsPending("accept or reject the pending drafts first", req.num_draft_tokens)
+        start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
+        end = start + num_new_tokens
+        return self._allocate(req, end, end + num_draft_tokens)
+
+    # -- 3. what a launch reads --------------------------------------------------------------
+    @locked
+    def tables(self, request_id):
+        """group -> GroupTables: the physical slots the request's launches read (live)."""
+        req = self._request(request_id)
+        if req.phase == LOOKED:
+            raise RequestBusy("tables need an allocated request", request_id)
+        return req.tables
+
+    def layer_pools(self, layer):
+        """kind -> {tensor name: [slots, rows, dim]} for one model layer (views of its
+        group's pool tensors: the memory the kernels read and write)."""
+        gname, j = self.layout.layer_slot[layer]
+        return {kind: {name: pool.layer(name, j) for name in pool.data}
+                for (kind, g), pool in self.pools.items() if g == gname}
+
+    def kernel_abi(self, kind, group):
+        """The AbiDesc a launch checks the layer views of pool (kind, group) against."""
+        return self.pools[(kind, group)].abi
+
+    def read_ok(self, read):
+        """spec can_read_pinned for one Read against the block's current record."""
+        rec = self.pools[(read.ref.kind, read.ref.group)].recs[read.ref.block]
+        return can_read_pinned(rec.pins, read.ver, rec.ver, read.ep, rec.ep)
+
+    @locked
+    def launch_pins(self, request_id, group=None):
+        """PinCheck per pinned object the request reads (in ``group``), with the values as
+        they are now: a kernel launch refuses any that fails spec can_read_pinned."""
+        req = self._request(request_id)
+        out = []
+        for r in req.reads:
+            if group is None or r.ref.group == group:
+                rec = self.pools[(r.ref.kind, r.ref.group)].recs[r.ref.block]
+                out.append(PinCheck(rec.pins, r.ver, rec.ver, r.ep, rec.ep))
+        return out
+
+    @locked
+    def begin_read(self, request_id):
+        """Right before a launch: every pinned object still pinned, same version, same
+        address (spec can_read_pinned); raises StaleRead and changes nothing otherwise."""
+        req = self._request(request_id)
+        if req.phase not in (HELD, RUNNING):
+            raise RequestBusy("begin_read needs pinned objects", request_id)
+        for r in req.reads:
+            if not self.read_ok(r):
+                raise StaleRead("pinned object changed before the read", tuple(r.ref))
+        req.phase = RUNNING
+
+    # -- 4. commit, drafts ----------------------------------------------------------------------
+    @locked
+    def commit(self, request_id, num_tokens, token_ids=None):
+        """Positions [L, L + num_tokens) are computed (their ids in ``token_ids`` when they
+        were generated): publish what became known, seal what is complete, capture a
+        snapshot when the commit ends on a checkpoint position."""
+        req = self._request(request_id)
+        check_count("num_tokens", num_tokens)
+        L = req.num_computed_tokens
+        if req.phase == LOOKED or num_tokens > req.num_allocated_tokens - L:
+            raise CommitPastAllocation("commit past allocation", (
+                num_tokens, req.num_allocated_tokens - L if req.phase != LOOKED else 0))
+        known = req.token_ids
+        if token_ids is None:
+            if len(known) < L + num_tokens:
+                raise BadTokens("commit needs the ids of generated tokens",
+                                (len(known), L + num_tokens))
+        else:
+            extra = check_tokens(token_ids, self.vocab)
+            if len(extra) != num_tokens:
+                raise BadTokens("token_ids must hold num_tokens ids", (len(extra), num_tokens))
+            have = known[L:L + num_tokens]
+            if extra[:len(have)] != have:
+                raise BadTokens("token_ids disagree with the prompt", (L, have, extra[:len(have)]))
+            known.extend(extra[len(have):])
+            extend_chain(req.chain_keys, req.root_key, known, self.layout.granule)
+        req.num_computed_tokens = L + num_tokens
+        self.writer.commit(req)
+
+    def _drafts(self, request_id):
+        req = self._request(request_id)
+        if not req.num_draft_tokens:
+            raise RequestBusy("no pending drafts", request_id)
+        return req
+
+    @locked
+    def accept_drafts(self, request_id, token_ids):
+        """The first len(token_ids) drafts were verified.  Every draft accepted: they are
+        committed (the draft forward's state is the request's).  Fewer: the accepted positions
+        stay allocated, not computed -- the caller recomputes them (the working tails did not
+        see the drafts) and commits them."""
+        req = self._drafts(request_id)
+        tokens = check_tokens(token_ids, self.vocab)
+        if len(tokens) > req.num_draft_tokens:
+            raise BadArgument("more accepted tokens than drafts", (len(tokens), req.num_draft_tokens))
+        if req.num_computed_tokens != req.num_allocated_tokens:
+            raise RequestBusy("commit the allocated tokens before accepting drafts",
+                              (req.num_computed_tokens, req.num_allocated_tokens))
+        whole = len(tokens) == req.num_draft_tokens
+        self.writer.settle_drafts(req, len(tokens))
+        req.num_allocated_tokens += len(tokens)
+        req.num_draft_tokens = 0
+        if whole:
+            self.commit(request_id, len(tokens), tokens)
+
+    @locked
+    def reject_drafts(self, request_id):
+        """Every draft rejected: its blocks released, the working tails untouched."""
+        req = self._drafts(request_id)
+        self.writer.settle_drafts(req, 0)
+        req.num_draft_tokens = 0
+
+    # -- 5. free ----------------------------------------------------------------------------
+    @locked
+    def free(self, request_id):
+        """Release everything the request holds: working objects rejected, pins given back;
+        its published blocks and retained snapshots stay cached."""
+        req = self._request(request_id)
+        if req.phase != LOOKED:
+            self.writer.release(req)
+        del self.requests[request_id]
+
+    # -- cache-wide --------------------------------------------------------------------------
+    @locked
+    def bump_indexer_version(self, sweep=True):
+        """New indexer weights, only at a quiescent point (spec funnel.can_bump_indexer: no
+        request in flight, no indexer copy loading; queued indexer loads are dropped first).
+        Objects of the old version stop covering any H; with ``sweep`` the ones nobody holds
+        go back to the free list now (mark_stale + drop_stale), pinned ones when released."""
+        busy = sum(r.phase != LOOKED for r in self.requests.values()) + \
+            sum(h.requests_in_flight() for h in self.holders)
+        loads = sum(h.indexer_loads() for h in self.holders)
+        if self.disk_link is not None:
+            loads += self.disk_link.quiesce_indexer()
+        if not can_bump_indexer(self.miv, self.max_iv, busy, loads):
+            raise Refused("indexer version bump needs a quiescent cache",
+                          {"version": self.miv, "requests_in_flight": busy,
+                           "indexer_loads": loads})
+        self.miv += 1
+        for cx in self.ctx.values():
+            cx.miv = self.miv
+        if sweep:
+            self._sweep_stale()
+
+    def _sweep_stale(self):
+        for (kind, g), pool in self.pools.items():
+            if kind != "idx":
+                continue
+            pool.on_ready = lambda b, g=g: self._sweep_block(g, b)
+            for b, rec in enumerate(pool.recs):     # once per bump: a full pass is fine
+                if rec.st != FREE and rec.iv != self.miv:
+                    if rec.st in (READY, STALE):
+                        self._sweep_block(g, b)
+                    else:
+                        pool.watch.add(b)
+
+    def _sweep_block(self, g, b):
+        pool = self.pools[("idx", g)]
+        rec = pool.recs[b]
+        if rec.iv == self.miv:
+            return
+        if rec.st == READY and pool.target(b, "mark_stale") is not None:
+            pool.fire(b, "mark_stale")
+        if pool.recs[b].st == STALE and pool.target(b, "drop_stale") is not None:
+            self.evictor.drop(ObjRef("idx", g, b), "drop_stale")
+
+    @locked
+    def set_kernel_version(self, kind, group, kernel_version):
+        """The kernel for pool (kind, group) now expects another ABI; objects stored with the
+        old one fail funnel layer 2 until rewritten."""
+        try:
+            pool = self.pools[(kind, group)]
+        except (KeyError, TypeError):
+            raise BadArgument("no such pool", (kind, group)) from None
+        check_count("kernel_version", kernel_version)
+        pool.abi = self.layout.abi(kind, group, kernel_version)
+
+    @locked
+    def relocate(self, kind, group, block):
+        """Move a cached, unpinned block to another slot (compaction): its address epoch
+        grows, so a reader that checked the old address is refused (spec relocate)."""
+        try:
+            pool = self.pools[(kind, group)]
+        except (KeyError, TypeError):
+            raise BadArgument("no such pool", (kind, group)) from None
+        check_count("block", block)
+        if block >= pool.n:
+            raise BadArgument("no such block", block)
+        try:
+            pool.relocate(block)
+        except TransitionRefused as e:
+            raise Refused("relocation refused", (kind, group, block, str(e))) from None
+
+    def check_invariants(self):
+        """Assert every spec invariant on the whole runtime state (hybridkv.cache.checked);
+        raises InvariantViolation naming the first that fails."""
+        with self.lock:
+            self.checker.check_all()
+
+    @locked
+    def stats(self):
+        pools = {}
+        for (kind, g), p in self.pools.items():
+            counts = {name: 0 for name in STATE_NAMES.values()}
+            for r in p.recs:
+                counts[STATE_NAMES[r.st]] += 1
+            counts.update(blocks=p.n, evictable=len(self.evictor.cached[(kind, g)]),
+                          dead=len(self.evictor.dead[(kind, g)]), block_bytes=p.block_nbytes)
+            pools[f"{kind}/{g}"] = counts
+        out = {"pools": pools, "requests": len(self.requests),
+               "checkpoints": len(self.index.ckpts), "in_transit": self.admission.in_transit(),
+               "cap": self.admission.cap, "indexer_version": self.miv,
+               "granule": self.layout.granule,
+               "snapshot_bytes_copied": {"restored_on_hit": self.writer.restored_bytes,
+                                         "captured": self.snapshots.captured_bytes},
+               "kv_bytes_held": self.kv_bytes_held(), **self.metrics.summary()}
+        if self.disk_link is not None:
+            out["disk"] = self.disk_link.stats()
+        return out
+
+    def kv_bytes_held(self):
+        """Bytes of every non-free block (what the cache holds right now)."""
+        return sum((p.n - p.n_free) * p.block_nbytes for p in self.pools.values())
+
+    def metrics_text(self):
+        return self.metrics.prometheus_text()
+
+    # -- disk tier -----------------------------------------------------------------------------
+    def _link(self):
+        if self.disk_link is None:
+            raise BadArgument("this cache has no disk tier", None)
+        return self.disk_link
+
+    @locked
+    def prefetch(self, plan_or_request_id):
+        """Start verified loads of the disk objects a HitPlan reports (``plan.disk``), keyed
+        again from the plan's index keys and this cache's salt rules (a forged plan loads
+        nothing foreign); returns how many were accepted."""
+        link = self._link()
+        plan = plan_or_request_id if isinstance(plan_or_request_id, HitPlan) \
+            else self._request(plan_or_request_id).plan
+        return link.start(plan)
+
+    def wait_loads(self, timeout=10.0):
+        """Wait (up to ``timeout`` s in all, never holding the cache lock while waiting) for
+        loads in flight and queued; publish the verified ones; returns how many are left."""
+        return self._link().wait(timeout)
+
+    def poll_loads(self):
+        """Publish loads that finished, start queued ones; returns how many are left."""
+        return self._link().wait(0)
+
+    @locked
+    def cancel_loads(self):
+        """Cancel queued loads and those in flight; returns how many are still finishing."""
+        return self._link().cancel()
+
+    def spill_all(self, timeout=60.0):
+        """Spill every READY published object to the disk tier (memory copies stay), e.g.
+        before shutdown; returns how many were written."""
+        return self._link().spill_all(timeout)
+
+    # -- sizing ------------------------------------------------------------------------------
+    @staticmethod
+    def pool_sizes(layout, max_tokens, max_requests, every_n=0):
+        """Pool sizes that hold ``max_requests`` requests of ``max_tokens`` each with their
+        checkpoints (the counts admission uses)."""
+        probe = CacheManager(layout, num_blocks=1, every_n=every_n)
+        probe.lookup("size", [0] * max(1, max_tokens))
+        req = probe.requests["size"]
+        pts = probe.snapshots.points(req, 0, max_tokens)
+        need = probe.writer.blocks_needed(req, max_tokens, max_tokens, pts)
+        return {pk: max(1, need.get(pk, 0) * max_requests) for pk in layout.pool_keys()}
+
+    @classmethod
+    def for_spec(cls, cfg, checked=False):
+        """A manager shaped like the spec's abstract system ``cfg`` (spec.SysConfig): one CSA
+        group with an indexer, ``cfg.n_obj`` blocks per kind, the spec's counter bounds and
+        admission cap (driven object by object by hybridkv.testing.driver.ObjectDriver)."""
+        from hybridkv.layout import LayerGroup
+        lay = ModelLayout([LayerGroup("g", "csa", (0,), cfg.ratio, cfg.window, cfg.ratio,
+                                      cfg.overlap, 1, 1)], name="spec")
+        mgr = cls(lay, num_blocks=cfg.n_obj, checked=checked, cap=cfg.cap,
+                  max_ver=cfg.max_ver, max_ep=cfg.max_ep, max_iv=cfg.max_iv)
+        for cx in mgr.ctx.values():
+            cx.kabi = cfg.kabi
+            cx.blocks = getattr(cfg, "blocks", cx.blocks)
+        mgr.spec_cfg = cfg
+        return mgr
+

@@ -1,0 +1,260 @@
+"""Per-(kind, group) pools: the KV memory the kernels read, a free list, one spec record per block.
+
+Storage is layer-major, one tensor per name the layout gives the kind
+(``ModelLayout.pool_tensors``): ``data[name]`` is ``[n_layers, slots, rows, dim]`` and a layer's
+view ``layer(name, j)`` is ``[slots, rows, dim]``, the tensor a kernel launch reads through a
+block table of physical slots.  Block ids are logical; ``slot(b)`` is where block b lives now
+(one spare slot per pool makes relocation real: ``relocate`` copies the block's rows of every
+layer into the spare slot, so its address changes, and fires the spec's ``relocate``).
+
+Every state change of a block goes through ``fire``: the compiled table of the kind's machine
+(hybridkv.cache.tables) with the spec's guard functions, then the spec's effect function on
+the block's own spec record (CompRec / TailRec / SwaRec / IdxRec).  In checked mode a real
+python-statemachine instance shadows each block (CheckedMachine).
+"""
+from typing import NamedTuple
+
+import torch
+
+from hybridkv.cache.tables import CheckedMachine, table_for
+from hybridkv.errors import BadArgument
+from hybridkv.layout import ITEMSIZE, slot_bytes
+from spec.common import FREE, PINNED, READY, WRITING
+from spec.effects import EFFECTS
+from spec.funnel import GPU_BLOCK_ALIGN, can_hit_bytes
+from spec.state import KINDS, MACHINES, RECS
+
+REC = dict(zip(KINDS, RECS))
+MACHINE = dict(zip(KINDS, MACHINES))
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+NO_LIMIT = 1 << 62
+
+
+class ObjRef(NamedTuple):
+    kind: str
+    group: str
+    block: int
+
+
+class GroupCtx:
+    """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
+    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
+
+    def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
+        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
+        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
+        self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
+
+
+def _storage(n_layers, slots, rows, dim, dtype, device):
+    """A ``[n_layers, slots, rows, dim]`` tensor whose every block starts on GPU_BLOCK_ALIGN
+    (rows padded when rows * dim * itemsize is not a multiple of it)."""
+    sb = slot_bytes(rows, dim, dtype)
+    buf = torch.empty(n_layers * slots * sb + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
+    off = (-buf.data_ptr()) % GPU_BLOCK_ALIGN
+    raw = buf[off:off + n_layers * slots * sb].view(DTYPES[dtype])
+    step = sb // ITEMSIZE[dtype]
+    t = raw.as_strided((n_layers, slots, rows, dim), (slots * step, step, dim, 1))
+    if t.is_floating_point():
+        t.fill_(float("nan"))       # a read of a row nobody wrote poisons the output
+    return t
+
+
+class Pool:
+    def __init__(self, kind, group, num_blocks, tensors, abi, ctx, device="cpu", checked=False,
+                 on_transition=None):
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise BadArgument("num_blocks must be a positive int", num_blocks)
+        self.kind, self.group, self.n = kind, group.name, num_blocks
+        self.n_layers = len(group.layers)
+        self.rec_type, self.table = REC[kind], table_for(MACHINE[kind])
+        self.ctx, self.checked, self.on_transition = ctx, checked, on_transition
+        slots = num_blocks + 1                                           # + one spare
+        self.data = {name: _storage(self.n_layers, slots, rows, dim, group.dtype, device)
+                     for name, (rows, dim) in tensors.items()}
+        self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
+                                for r, d in tensors.values())
+        self._first = next(iter(self.data.values()))
+        self.phys = list(range(num_blocks))
+        self.spare = num_blocks
+        self.abi, self.abi_of = abi, [abi] * num_blocks
+        self.recs = [self.rec_type() for _ in range(num_blocks)]
+        self.free = list(range(num_blocks - 1, -1, -1))   # stack; stale entries skipped
+        self.is_free = bytearray(b"\x01") * num_blocks
+        self.n_free, self.n_writing = num_blocks, 0
+        self.shadows = [CheckedMachine(self.table) for _ in range(num_blocks)] if checked else None
+        self.touched = set()      # checked mode: blocks changed since the last check
+        self.watch, self.on_ready = set(), None   # on_ready(b) once a watched b lands READY
+
+    # -- data -------------------------------------------------------------------------------
+    def layer(self, name, j):
+        """Layer j's view ``[slots, rows, dim]`` of tensor ``name`` (what kernels read)."""
+        return self.data[name][j]
+
+    def slot(self, b):
+        """Physical slot of block b: the id a block table holds for the kernels."""
+        return self.phys[b]
+
+    def addr(self, b):
+        return self._first[0, self.phys[b]].data_ptr()
+
+    def bytes_ok(self, b):
+        """Funnel layer 4 for one block: address and length on the GPU block alignment."""
+        return can_hit_bytes(self.addr(b), self.block_nbytes, GPU_BLOCK_ALIGN)
+
+    def copy(self, dst, src):
+        """Block src's rows (every tensor, every layer) into block dst; returns bytes copied."""
+        s, d = self.phys[src], self.phys[dst]
+        for t in self.data.values():
+            t[:, d].copy_(t[:, s])
+        return self.block_nbytes
+
+    def copy_tensor(self, dst, src, name):
+        """Only tensor ``name`` of block src into block dst; returns bytes copied."""
+        t = self.data[name]
+        t[:, self.phys[dst]].copy_(t[:, self.phys[src]])
+        return t[:, 0].numel() * t.element_size()
+
+    def copy_rows(self, dst, src, name, lo, hi):
+        """Rows [lo, hi) of tensor ``name`` of block src into the same rows of block dst."""
+        t = self.data[name]
+        t[:, self.phys[dst], lo:hi].copy_(t[:, self.phys[src], lo:hi])
+        return t[:, 0, lo:hi].numel() * t.element_size()
+
+    def to_bytes(self, b):
+        """A new uint8 tensor holding block b's rows (every tensor, every layer): a spill."""
+        s = self.phys[b]
+        return torch.cat([t[:, s].reshape(-1).view(torch.uint8).cpu() for t in self.data.values()])
+
+    def from_bytes(self, b, raw):
+        """Write ``to_bytes``' layout back into block b (a verified load)."""
+        s, off = self.phys[b], 0
+        for t in self.data.values():
+            view = t[:, s]
+            n = view.numel() * view.element_size()
+            view.copy_(raw[off:off + n].view(t.dtype).view(view.shape))
+            off += n
+
+    @property
+    def staged_nbytes(self):
+        """Length of ``to_bytes`` (dense rows, no padding)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in self.data.values())
+
+    # -- transitions --------------------------------------------------------------------------
+    def target(self, b, event):
+        rec = self.recs[b]
+        return self.table.target(rec.st, event, rec, self.ctx)
+
+    def fire(self, b, event, *args):
+        """Table transition + the spec's effect on block b; raises TransitionRefused and
+        changes nothing when the table refuses."""
+        rec, cx = self.recs[b], self.ctx
+        tgt = self.table.fire(rec.st, event, rec, cx)
+        new = EFFECTS[event](rec, cx, *args)._replace(st=tgt)
+        if self.shadows is not None:
+            self.shadows[b].follow(rec.st, event, rec, cx, tgt)
+            self.touched.add(b)
+        self.recs[b] = new
+        if rec.st != tgt:
+            self._moved(b, rec.st, tgt)
+        if self.on_transition is not None:
+            self.on_transition(self.kind, rec.st, tgt)
+        if tgt == READY and b in self.watch:
+            self.watch.discard(b)
+            self.on_ready(b)
+        return new
+
+    def _moved(self, b, old, new):
+        if old == WRITING:
+            self.n_writing -= 1
+        if new == WRITING:
+            self.n_writing += 1
+        if old == FREE:
+            self.is_free[b] = 0
+            self.n_free -= 1
+        if new == FREE:
+            self.is_free[b] = 1
+            self.n_free += 1
+            self.free.append(b)
+            self.abi_of[b] = self.abi
+
+    def alloc(self):
+        """A FREE block id (still FREE until its first event), or None."""
+        free, is_free = self.free, self.is_free
+        while free:
+            b = free[-1]
+            if is_free[b]:
+                return b
+            free.pop()
+        return None
+
+    def write(self, b, p, draft=0):
+        """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
+        self.abi_of[b] = self.abi
+        return self.fire(b, "draft" if draft else "write", p, draft)
+
+    def touch(self, b):
+        """Checked mode: block b's bookkeeping (index, policy) changed without an event."""
+        if self.shadows is not None:
+            self.touched.add(b)
+
+    def relocate(self, b):
+        """Move block b's rows to the spare slot (its address changes), spec ``relocate``."""
+        rec = self.recs[b]
+        self.table.fire(rec.st, "relocate", rec, self.ctx)      # refuse before copying
+        old = self.phys[b]
+        for t in self.data.values():
+            t[:, self.spare].copy_(t[:, old])
+        self.phys[b], self.spare = self.spare, old
+        return self.fire(b, "relocate")
+
+    def load_records(self, recs):
+        """Replace every block's spec record (e.g. an abstract start state) and rebuild the
+        free list, counters and checked-mode shadows from them."""
+        if len(recs) != self.n or any(type(r) is not self.rec_type for r in recs):
+            raise BadArgument("records do not fit this pool", (self.kind, len(recs)))
+        self.recs = list(recs)
+        self.is_free = bytearray(r.st == FREE for r in recs)
+        self.free = [b for b in range(self.n - 1, -1, -1) if recs[b].st == FREE]
+        self.n_free, self.n_writing = len(self.free), sum(r.st == WRITING for r in recs)
+        if self.shadows is not None:
+            self.shadows = [CheckedMachine(self.table) for _ in recs]
+            for sh, r in zip(self.shadows, recs):
+                sh.sm.current_state_value = r.st
+        self.touched.update(range(self.n))
+
+    # -- integrity ------------------------------------------------------------------------------
+    def check_integrity(self):
+        """Problems found (empty list = sound): free bookkeeping, counters, slots, blocks."""
+        bad = []
+        free_now = [b for b in range(self.n) if self.recs[b].st == FREE]
+        if len(free_now) != self.n_free:
+            bad.append(("n_free", self.n_free, len(free_now)))
+        if not set(free_now) <= set(self.free):
+            bad.append(("free-list", sorted(set(free_now) - set(self.free))))
+        n_w = sum(r.st == WRITING for r in self.recs)
+        if n_w != self.n_writing:
+            bad.append(("n_writing", self.n_writing, n_w))
+        if sorted(self.phys + [self.spare]) != list(range(self.n + 1)):
+            bad.append(("phys", self.phys, self.spare))
+        return bad + self.check_blocks(range(self.n))
+
+    def check_blocks(self, blocks):
+        """Problems of single blocks (checked mode checks the touched ones after each call):
+        free flag, pins, a FREE record's fields, counter bounds, address, shadow machine."""
+        bad, recs, cx = [], self.recs, self.ctx
+        for b in blocks:
+            r = recs[b]
+            if (r.st == FREE) != bool(self.is_free[b]):
+                bad.append(("free-flag", b, r.st))
+            if (r.st == PINNED) != (r.pins >= 1) or r.pins < 0:
+                bad.append(("pins", b, r))
+            if r.st == FREE and (r.draft or r.pins or r.pub):
+                bad.append(("free-record", b, r))
+            if r.ver > cx.max_ver or r.ep > cx.max_ep:
+                bad.append(("counter", b, r))
+            if self.phys[b] == self.spare or not self.bytes_ok(b):
+                bad.append(("align", b, self.addr(b)))
+            if self.shadows is not None and self.shadows[b].sm.current_state_value != r.st:
+                bad.append(("shadow", b, r.st))
+        return bad

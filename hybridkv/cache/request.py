@@ -1,0 +1,128 @@
+"""A request's state inside the CacheManager, the per-group block tables the kernels read, the
+allocation result, and the argument checks shared by the manager's methods.
+
+Token intervals of one request (positions)::
+
+    0 ........ H ......... num_computed_tokens ....... num_allocated_tokens ... + drafts
+    |<- plan ->|<-------- committed -------->|<- allocated, not computed ->|<- draft ->|
+    reused in place (chain blocks, pinned) and copied (snapshots at H), then computed here.
+"""
+import collections
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hybridkv.cache.funnel import HitPlan
+from hybridkv.cache.pool import ObjRef
+from hybridkv.errors import BadArgument, BadTokens
+from spec.state import LOOKED
+
+
+class Owned(NamedTuple):
+    """One object a request wrote: which block, the position it is written at (a chain
+    block's end, a snapshot's H, a page's end), and the block's version when written -- with
+    the block id, the identity of this incarnation (an eviction bumps the version)."""
+    ref: ObjRef
+    at: int
+    ver: int
+
+    @classmethod
+    def write(cls, pool, p, draft=0):
+        """A FREE block of ``pool`` written at position p (FREE -> WRITING)."""
+        b = pool.alloc()
+        rec = pool.write(b, p, draft)
+        return cls(ObjRef(pool.kind, pool.group, b), p, rec.ver)
+
+    def live(self, pools):
+        """The block still holds this incarnation (not evicted and reused since)."""
+        rec = pools[(self.ref.kind, self.ref.group)].recs[self.ref.block]
+        return rec.st != 0 and rec.ver == self.ver
+
+
+class GroupTables:
+    """Physical slots the kernels read for one request and one layer group (every layer of
+    the group indexes its own view of the same pools with them).  Chain lists only grow;
+    window pages slid out of the window become -1."""
+    __slots__ = ("comp", "idx", "swa", "tail", "tail_write", "itail", "itail_write")
+
+    def __init__(self):
+        self.comp, self.idx, self.swa = [], [], []
+        self.tail = self.tail_write = self.itail = self.itail_write = -1
+
+    def chain(self, kind):
+        return self.comp if kind == "comp" else self.idx
+
+
+@dataclass(eq=False)
+class GroupWork:
+    """A request's working objects in one group: written in place, never published."""
+    pages: collections.deque = field(default_factory=collections.deque)  # Owned, oldest first
+    first_page: int = 0            # page number of pages[0]
+    tail: Owned = None             # compressor's open window
+    itail: Owned = None            # indexer compressor's open window (an idx block's tail)
+    draft_tail: Owned = None       # where a draft forward writes them
+    draft_itail: Owned = None
+
+
+class Allocation(NamedTuple):
+    start: int             # first position of this allocation
+    end: int               # one past its last regular position
+    draft_end: int         # one past its last draft position
+    checkpoints: tuple     # positions in (start, end] where a commit ending there snapshots
+    tables: dict           # group -> GroupTables (live: the request's tables)
+    copied_bytes: int      # snapshot bytes copied by this allocation (a hit's restore)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: object
+    salt: bytes
+    root_key: bytes
+    token_ids: list                 # the tokens known so far (prompt, then generated)
+    chain_keys: list                # chain key per full granule of token_ids
+    plan: HitPlan
+    prompt_len: int
+    phase: int = LOOKED
+    num_computed_tokens: int = 0    # committed: their state is in the request's objects
+    num_allocated_tokens: int = 0
+    num_draft_tokens: int = 0
+    reads: list = field(default_factory=list)      # Read: pinned shared objects it reads
+    tables: dict = field(default_factory=dict)     # group -> GroupTables
+    work: dict = field(default_factory=dict)       # group -> GroupWork
+    blocks: dict = field(default_factory=dict)     # chain pool -> logical block per chain index
+    chain: dict = field(default_factory=dict)      # chain pool -> deque of Owned, not sealed
+    unpublished: list = field(default_factory=list)  # heap (at, exact, seq, Owned): keys unknown
+    private: list = field(default_factory=list)    # Owned copies whose key another block holds
+    snapshots: dict = field(default_factory=dict)  # P -> [Owned] exact objects at P
+    snapshot_tags: dict = field(default_factory=dict)   # P -> {"branch","every","end","repeat"}
+    pending_points: list = field(default_factory=list)  # P written, not yet captured (sorted)
+    sealed_points: list = field(default_factory=list)   # P captured (complete), in order
+    to_publish: dict = field(default_factory=dict)      # P -> exact objects left to publish
+    drafts: list = field(default_factory=list)     # Owned draft-only chain blocks and pages
+    seq: int = 0                                   # tie-break for the heap
+
+    @property
+    def known_tokens(self):
+        return len(self.token_ids)
+
+
+def check_count(name, v, minimum=0):
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise BadArgument(f"{name} must be an int >= {minimum}", v)
+
+
+def check_tokens(token_ids, vocab):
+    """A list of ints in [0, vocab), checked in bulk (C-speed type and range scans)."""
+    if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple)):
+        token_ids = token_ids.tolist()
+    if not isinstance(token_ids, (list, tuple)):
+        raise BadTokens("token_ids must be a sequence of ints", type(token_ids).__name__)
+    if not token_ids:
+        return []
+    if set(map(type, token_ids)) != {int}:
+        i = next(i for i, t in enumerate(token_ids) if type(t) is not int)
+        raise BadTokens("token out of range", (i, token_ids[i]))
+    lo, hi = min(token_ids), max(token_ids)
+    if lo < 0 or (vocab is not None and hi >= vocab) or hi >= 1 << 63:
+        bad = lo if lo < 0 else hi
+        raise BadTokens("token out of range", (token_ids.index(bad), bad))
+    return list(token_ids)

@@ -1,0 +1,149 @@
+"""Snapshots: the exact objects of a checkpoint at a retention point P (per group the window at
+P, the compressor and indexer open windows, the open compressed block), written when an
+allocation reaches P and captured -- bytes copied from the request's working objects -- by the
+commit that ends exactly at P (a commit that passes P without ending there cannot capture it:
+its objects are released).
+
+Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
+extends), the prompt's last aligned position before its last token (``repeat``: an identical
+prompt resumes there), the end of every allocation (``end``: provisional; superseded by the
+next end, the last one stays when the request is freed), and every ``every_n`` tokens.
+A snapshot not read by its writer is a cache entry as soon as it is captured, except a
+provisional end, which stays protected until superseded or the request is freed.
+"""
+from hybridkv.cache.request import Owned
+
+RETAINED = frozenset({"branch", "repeat", "every"})
+
+
+class Snapshots:
+    def __init__(self, layout, pools, index, evictor, every_n=0):
+        self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
+        self.every_n = every_n
+        self.captured_bytes = 0      # bytes copied into snapshots at capture
+
+    # -- where ------------------------------------------------------------------------------
+    def points(self, req, start, end):
+        """{P: tags} of the retention points in (start, end]."""
+        gran, pts = self.layout.granule, {}
+
+        def add(P, tag):
+            if start < P <= end and P > 0 and P % gran == 0:
+                pts.setdefault(P, set()).add(tag)
+        if req.plan.branch < req.prompt_len:
+            add(req.plan.branch, "branch")
+        add(end - end % gran, "end")
+        add((req.prompt_len - 1) // gran * gran, "repeat")
+        if self.every_n:
+            for P in range((start // self.every_n + 1) * self.every_n, end + 1, self.every_n):
+                add(P, "every")
+        return dict(sorted(pts.items()))
+
+    def max_points(self, start, end):
+        """An upper bound on ``len(points(...))`` computed in O(1) (admission's first pass)."""
+        every = end // self.every_n - start // self.every_n if self.every_n else 0
+        return every + 3
+
+    def count(self, points):
+        """Blocks per pool the exact objects of ``points`` take."""
+        need = {}
+        for P in points:
+            for spec in self.layout.exact_at(P):
+                pk = (spec.kind, spec.group)
+                need[pk] = need.get(pk, 0) + 1
+        return need
+
+    # -- write, capture ----------------------------------------------------------------------
+    def write(self, req, points, publish):
+        """Write the exact objects of every point (WRITING) and publish those whose tokens
+        are known (``publish(req, owned, exact=True)``): a lookup may meet them unfinished."""
+        for P, tags in points.items():
+            objs = [Owned.write(self.pools[(s.kind, s.group)], P)
+                    for s in self.layout.exact_at(P)]
+            req.snapshots[P] = objs
+            req.snapshot_tags[P] = set(tags)
+            req.to_publish[P] = len(objs)
+            req.pending_points.append(P)
+            for o in objs:
+                publish(req, o, True)
+
+    def capture(self, req, P):
+        """The commit ended at P: copy the working state into P's objects and seal them."""
+        for o in req.snapshots[P]:
+            pool = self.pools[(o.ref.kind, o.ref.group)]
+            g = self.layout.group(o.ref.group)
+            work, b = req.work[g.name], o.ref.block
+            if o.ref.kind == "swa":
+                self._window(pool, b, work, P, g.window)
+            elif o.ref.kind == "tail":
+                self.captured_bytes += pool.copy(b, work.tail.ref.block)
+            elif o.ref.kind == "comp":
+                self.captured_bytes += pool.copy(b, req.blocks[("comp", g.name)][P // g.block_size])
+            else:
+                self.captured_bytes += pool.copy_tensor(b, work.itail.ref.block, "tail")
+                if P % g.block_size:
+                    self.captured_bytes += pool.copy_tensor(
+                        b, req.blocks[("idx", g.name)][P // g.block_size], "keys")
+            if pool.recs[b].pub:
+                pool.fire(b, "fill")
+                pool.fire(b, "seal")
+            else:
+                self.evictor.drop(o.ref, "reject")            # its key is another copy's: never kept
+        req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
+        req.sealed_points.append(P)
+
+    def _window(self, pool, b, work, P, W):
+        """Rows [P - W, P) in ring order (row = position mod W) from the window pages."""
+        lo_page, hi_page, cut = (P - W) // W, (P - 1) // W, P % W
+        page = lambda j: work.pages[j - work.first_page].ref.block     # noqa: E731
+        if lo_page == hi_page:
+            self.captured_bytes += pool.copy(b, page(lo_page))
+            return
+        self.captured_bytes += pool.copy_rows(b, page(hi_page), "kv", 0, cut)
+        self.captured_bytes += pool.copy_rows(b, page(lo_page), "kv", cut, W)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def settle(self, req, P):
+        """After capturing P: retain it if it is more than a provisional end; release the
+        provisional ends it supersedes."""
+        if req.snapshot_tags[P] & RETAINED:
+            self.retain(req, P)
+        for Q in [Q for Q in req.sealed_points if Q < P and req.snapshot_tags[Q] == {"end"}]:
+            self.release(req, Q)
+
+    def retain(self, req, P):
+        for o in req.snapshots.get(P, ()):
+            if o.live(self.pools) and self.index.published(o.ref.kind, o.ref.group, o.ref.block):
+                self.evictor.admit(o.ref, P, True)
+
+    def release(self, req, P):
+        """Give back P's objects: dropped, or, when another request has pinned one (it hit
+        this snapshot), left to the policy."""
+        for o in req.snapshots.pop(P, ()):
+            if not o.live(self.pools):
+                continue
+            rec = self.pools[(o.ref.kind, o.ref.group)].recs[o.ref.block]
+            if rec.pins:
+                self.evictor.admit(o.ref, P, True)
+            else:
+                self.evictor.drop(o.ref)
+        req.snapshot_tags.pop(P, None)
+        req.sealed_points.remove(P)
+
+    def reject(self, req, P):
+        """P was passed or abandoned before capture: its objects never become readable."""
+        for o in req.snapshots.pop(P, ()):
+            self.evictor.drop(o.ref, "reject")
+        req.snapshot_tags.pop(P, None)
+        req.to_publish.pop(P, None)
+
+    def finish(self, req):
+        """The request is freed: pending points are rejected, the last provisional end is
+        retained."""
+        for P in list(req.pending_points):
+            self.reject(req, P)
+        req.pending_points.clear()
+        if req.sealed_points:
+            self.retain(req, req.sealed_points[-1])
+        req.snapshots.clear()
+        req.sealed_points.clear()

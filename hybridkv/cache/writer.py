@@ -1,0 +1,308 @@
+"""ObjectWriter: the objects a request writes, and when they are published and sealed.
+
+Per chained group and chain kind (comp, idx) a request's chain block j covers tokens
+[j*bs, (j+1)*bs); it is written at p = (j+1)*bs (FREE -> WRITING), filled in place by the
+kernels, published under its chain key once the tokens up to its end are known, and sealed
+(fill + seal -> READY, then pinned for its writer, which keeps reading it) by the commit that
+completes it.  A copy whose key another block already holds stays private (WRITING, never
+sealed) and is released with the request.  Per group with a window the request holds window
+pages of W positions (page j: positions [j*W, (j+1)*W), row = position mod W), released as the
+window slides past them.  Per compressed group a working tail block, per indexer a working
+idx block (its ``tail`` tensor) hold the compressors' open windows, rewritten every forward.
+Drafts get draft-only blocks past the allocation and draft tail targets (``tables.*_write``),
+accepted in place or rejected (the working tails are untouched by a draft forward).
+
+A hit at H (``begin``): the plan's chain blocks are read in place (their slots enter the
+tables: zero copy); the snapshots at H are copied into fresh working objects -- the window into
+its pages, the tails, the open compressed and indexer blocks (copy on write).
+"""
+import collections
+import heapq
+
+from hybridkv.cache.funnel import Read
+from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.request import GroupTables, GroupWork, Owned
+from hybridkv.layout import CHAIN_KINDS
+from spec.state import LOOKED
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+class ObjectWriter:
+    def __init__(self, layout, pools, index, evictor, snapshots):
+        self.layout, self.pools, self.index = layout, pools, index
+        self.evictor, self.snapshots = evictor, snapshots
+        self.gran = layout.granule
+        self.restored_bytes = 0      # snapshot bytes copied into working objects on hits
+
+    # -- sizing: the one sizing function -------------------------------------------------------
+    def blocks_needed(self, req, end, draft_end, points=()):
+        """New blocks per pool an allocation of (num_allocated, end] regular and
+        (end, draft_end] draft positions takes, with the snapshots at ``points``.  Closed
+        form per group: O(pools + points)."""
+        need = {}
+
+        def add(pk, n):
+            if n > 0:
+                need[pk] = need.get(pk, 0) + n
+        first = req.phase == LOOKED
+        H = req.plan.reuse_tokens
+        for g in self.layout.groups:
+            bs, tables = g.block_size, req.tables.get(g.name)
+            for kind in CHAIN_KINDS:
+                if kind in g.kinds:
+                    held = _ceil(H, bs) if first else len(tables.chain(kind))
+                    add((kind, g.name), (first and H % bs > 0) + _ceil(end, bs) - held)
+                    add((kind, g.name), _ceil(draft_end, bs) - max(held, _ceil(end, bs)))
+            if "swa" in g.kinds and draft_end:
+                W = g.window
+                nxt = ((H - 1) // W + 1 if H else 0) if first else len(tables.swa)
+                restore = nxt - (H - W) // W if first and H else 0
+                add(("swa", g.name), restore + (draft_end - 1) // W + 1 - nxt)
+            for kind in ("tail", "idx"):
+                if kind in g.kinds:
+                    add((kind, g.name), first + (draft_end > end))
+        for pk, n in self.snapshots.count(points).items():
+            add(pk, n)
+        return need
+
+    # -- a hit's start ------------------------------------------------------------------------
+    def begin(self, req):
+        """First allocation: tables from the plan's chain reads (pinned, read in place) and
+        fresh working objects, the snapshots at H copied into them."""
+        H = req.plan.reuse_tokens
+        exact = {(r.ref.kind, r.ref.group): r.ref.block for r in req.plan.reads if r.exact}
+        for g in self.layout.groups:
+            req.tables[g.name], req.work[g.name] = GroupTables(), GroupWork()
+        for pk in self.layout.chain_pools():
+            req.blocks[pk], req.chain[pk] = [], collections.deque()
+        for r in req.plan.reads:
+            if not r.exact:
+                pk = (r.ref.kind, r.ref.group)
+                req.tables[r.ref.group].chain(r.ref.kind).append(self.pools[pk].slot(r.ref.block))
+                req.blocks[pk].append(r.ref.block)
+        for g in self.layout.groups:
+            tables, work, bs = req.tables[g.name], req.work[g.name], g.block_size
+            for kind in CHAIN_KINDS:
+                if kind in g.kinds and H % bs:
+                    o = self._chain_block(req, g, kind, (H // bs + 1) * bs)
+                    self._restore(o, exact[(kind, g.name)])
+            if "tail" in g.kinds:
+                work.tail = Owned.write(self.pools[("tail", g.name)], H)
+                tables.tail = tables.tail_write = self._slot(work.tail)
+                if H:
+                    self._restore(work.tail, exact[("tail", g.name)])
+            if "idx" in g.kinds:
+                work.itail = Owned.write(self.pools[("idx", g.name)], H)
+                tables.itail = tables.itail_write = self._slot(work.itail)
+                if H:
+                    self._restore(work.itail, exact[("idx", g.name)])
+            if "swa" in g.kinds and H:
+                W = g.window
+                first, last = (H - W) // W, (H - 1) // W
+                tables.swa.extend([-1] * first)
+                work.first_page = first
+                for j in range(first, last + 1):
+                    o = self._page(req, g, j)
+                    self._restore(o, exact[("swa", g.name)])
+
+    def _restore(self, o, src):
+        self.restored_bytes += self.pools[(o.ref.kind, o.ref.group)].copy(o.ref.block, src)
+
+    def _slot(self, o):
+        return self.pools[(o.ref.kind, o.ref.group)].slot(o.ref.block)
+
+    def _chain_block(self, req, g, kind, end, draft=0):
+        pk = (kind, g.name)
+        o = Owned.write(self.pools[pk], end, draft)
+        req.tables[g.name].chain(kind).append(self._slot(o))
+        req.blocks[pk].append(o.ref.block)
+        if draft:
+            req.drafts.append(o)
+        else:
+            req.chain[pk].append(o)
+            self.publish(req, o, False)
+        return o
+
+    def _page(self, req, g, j, draft=0):
+        o = Owned.write(self.pools[("swa", g.name)], (j + 1) * g.window, draft)
+        work = req.work[g.name]
+        if not work.pages and not draft:
+            work.first_page = j
+        req.tables[g.name].swa.append(self._slot(o))
+        (req.drafts if draft else work.pages).append(o)
+        return o
+
+    # -- an allocation's objects ----------------------------------------------------------------
+    def write(self, req, end, draft_end):
+        """Chain blocks and pages up to ``end`` (and drafts up to ``draft_end``) that the
+        request does not hold yet; draft tail targets when there are drafts."""
+        for g in self.layout.groups:
+            tables, work, bs = req.tables[g.name], req.work[g.name], g.block_size
+            for kind in CHAIN_KINDS:
+                if kind in g.kinds:
+                    held = len(tables.chain(kind))
+                    for j in range(held, _ceil(end, bs)):
+                        self._chain_block(req, g, kind, (j + 1) * bs)
+                    for j in range(max(held, _ceil(end, bs)), _ceil(draft_end, bs)):
+                        self._chain_block(req, g, kind, (j + 1) * bs, draft=1)
+            if "swa" in g.kinds:
+                W = g.window
+                for j in range(len(tables.swa), _ceil(draft_end, W)):
+                    self._page(req, g, j, draft=int(j * W >= end))
+            if draft_end > end:
+                if "tail" in g.kinds:
+                    work.draft_tail = Owned.write(self.pools[("tail", g.name)], end, 1)
+                    tables.tail_write = self._slot(work.draft_tail)
+                if "idx" in g.kinds:
+                    work.draft_itail = Owned.write(self.pools[("idx", g.name)], end, 1)
+                    tables.itail_write = self._slot(work.draft_itail)
+
+    # -- publication ------------------------------------------------------------------------
+    def publish(self, req, o, exact):
+        """Publish ``o`` now if the tokens up to its position are known, else once they are."""
+        if o.at <= req.known_tokens:
+            self._publish(req, o, exact)
+        else:
+            req.seq += 1
+            heapq.heappush(req.unpublished, (o.at, exact, req.seq, o))
+
+    def publish_ready(self, req):
+        known, heap = req.known_tokens, req.unpublished
+        while heap and heap[0][0] <= known:
+            at, exact, _, o = heapq.heappop(heap)
+            if o.live(self.pools) and self.pools[(o.ref.kind, o.ref.group)].recs[o.ref.block].st == 1:
+                self._publish(req, o, exact)
+
+    def _chain_at(self, req, kind, group, e):
+        """The published chain block of (kind, group) ending at e on this request's chain."""
+        if e <= 0:
+            return None
+        b = self.index.chain_block(kind, group, req.chain_keys[e // self.gran - 1])
+        return None if b is None else ObjRef(kind, group, b)
+
+    def _publish(self, req, o, exact):
+        kind, gname = o.ref.kind, o.ref.group
+        bs = self.layout.group(gname).block_size
+        key = req.chain_keys[o.at // self.gran - 1]
+        parent = None
+        if kind in CHAIN_KINDS:
+            parent = self._chain_at(req, kind, gname, o.at - (o.at % bs if exact else bs))
+        if self.index.publish(o.ref, key, exact, parent):
+            self.pools[(kind, gname)].fire(o.ref.block, "publish")
+            if parent is not None:
+                self.evictor.refresh(parent)
+        if exact:
+            left = req.to_publish.get(o.at, 0) - 1
+            req.to_publish[o.at] = left
+            if left == 0:
+                anchors = [a for a in (self._chain_at(req, k, g, o.at - o.at % self.layout.group(g).block_size)
+                                       for k, g in self.layout.chain_pools()) if a is not None]
+                self.index.add_checkpoint(o.at, key, anchors)
+
+    # -- commit ---------------------------------------------------------------------------------
+    def commit(self, req):
+        """Positions up to ``num_computed_tokens`` are computed: publish what became known,
+        seal complete chain blocks, capture (or give up) snapshots, slide the windows."""
+        L = req.num_computed_tokens
+        self.publish_ready(req)
+        for dq in req.chain.values():
+            while dq and dq[0].at <= L:
+                self._seal(req, dq.popleft())
+        snaps = self.snapshots
+        while req.pending_points and req.pending_points[0] <= L:
+            P = req.pending_points.pop(0)
+            if P == L:
+                snaps.capture(req, P)
+                snaps.settle(req, P)
+            else:
+                snaps.reject(req, P)
+        self.slide(req, L)
+
+    def _seal(self, req, o):
+        pool = self.pools[(o.ref.kind, o.ref.group)]
+        if not pool.recs[o.ref.block].pub:
+            req.private.append(o)                  # another block holds its key
+            return
+        pool.fire(o.ref.block, "fill")
+        pool.fire(o.ref.block, "seal")
+        rec = pool.fire(o.ref.block, "pin")        # its writer keeps reading it
+        req.reads.append(Read(o.ref, o.at, rec.ver, rec.ep))
+
+    def slide(self, req, L):
+        """Release window pages no later query reads (positions < L - W + 1)."""
+        for g in self.layout.groups:
+            if "swa" not in g.kinds:
+                continue
+            work, tables, W = req.work[g.name], req.tables[g.name], g.window
+            while work.pages and (work.first_page + 1) * W <= L - W + 1:
+                o = work.pages.popleft()
+                tables.swa[work.first_page] = -1
+                work.first_page += 1
+                self.evictor.drop(o.ref, "reject")
+
+    # -- drafts ---------------------------------------------------------------------------------
+    def settle_drafts(self, req, accepted):
+        """The first ``accepted`` of the request's drafts are verified: draft blocks covering
+        them become regular (published, sealed as usual); the rest are released.  The draft
+        tail targets replace the working tails only when every draft was accepted (a partial
+        acceptance is recomputed by the caller from the untouched working tails)."""
+        A = req.num_allocated_tokens
+        new_end, whole = A + accepted, accepted == req.num_draft_tokens
+        keep = []
+        for o in req.drafts:
+            g = self.layout.group(o.ref.group)
+            size = g.window if o.ref.kind == "swa" else g.block_size
+            if o.at - size < new_end:
+                keep.append(o)
+        for o in reversed(req.drafts):
+            if o not in keep:
+                tables = req.tables[o.ref.group]
+                lst = tables.swa if o.ref.kind == "swa" else tables.chain(o.ref.kind)
+                lst.pop()
+                if o.ref.kind != "swa":
+                    req.blocks[(o.ref.kind, o.ref.group)].pop()
+                self.evictor.drop(o.ref, "reject")
+        for o in keep:
+            self.pools[(o.ref.kind, o.ref.group)].fire(o.ref.block, "accept")
+            if o.ref.kind == "swa":
+                req.work[o.ref.group].pages.append(o)
+            else:
+                req.chain[(o.ref.kind, o.ref.group)].append(o)
+                self.publish(req, o, False)
+        req.drafts = []
+        for g in self.layout.groups:
+            work, tables = req.work[g.name], req.tables[g.name]
+            for attr, slot in (("tail", "tail"), ("itail", "itail")):
+                d = getattr(work, "draft_" + attr)
+                if d is None:
+                    continue
+                if whole:
+                    self.evictor.drop(getattr(work, attr).ref, "reject")
+                    self.pools[(d.ref.kind, d.ref.group)].fire(d.ref.block, "accept")
+                    setattr(work, attr, d)
+                    setattr(tables, slot, getattr(tables, slot + "_write"))
+                else:
+                    self.evictor.drop(d.ref, "reject")
+                    setattr(tables, slot + "_write", getattr(tables, slot))
+                setattr(work, "draft_" + attr, None)
+
+    # -- release -----------------------------------------------------------------------------
+    def release(self, req):
+        """Free: every working object is rejected, every pin given back (what is published
+        becomes a cache entry), the snapshots settled (snapshots.finish)."""
+        for g, work in req.work.items():
+            for o in (work.draft_tail, work.draft_itail, work.tail, work.itail, *work.pages):
+                if o is not None:
+                    self.evictor.drop(o.ref, "reject")
+        for o in req.drafts + req.private + [o for dq in req.chain.values() for o in dq]:
+            self.evictor.drop(o.ref, "reject")
+        self.snapshots.finish(req)
+        for r in req.reads:
+            pool = self.pools[(r.ref.kind, r.ref.group)]
+            pool.fire(r.ref.block, "unpin")
+            if pool.recs[r.ref.block].st != 3 and self.index.published(*r.ref):
+                self.evictor.admit(r.ref, r.at, r.exact)
+        req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

@@ -8,13 +8,14 @@ _EXPORTS = {
     "DiskTier": "hybridkv.disk",
     "ModelLayout": "hybridkv.layout",
     "LayerGroup": "hybridkv.layout",
-    "CacheManager": "hybridkv.manager",
-    "Allocation": "hybridkv.manager",
-    "HitPlan": "hybridkv.lookup",
-    "Rejection": "hybridkv.lookup",
+    "CacheManager": "hybridkv.cache",
+    "Allocation": "hybridkv.cache",
+    "HitPlan": "hybridkv.cache",
+    "Rejection": "hybridkv.cache",
     **{name: "hybridkv.errors" for name in (
-        "AdmissionRefused", "BadTokens", "BadSalt", "UnknownRequest", "CommitPastAllocation",
-        "RequestBusy", "DraftsPending", "StaleRead", "InvariantViolation")},
+        "AdmissionRefused", "RequestTooLarge", "BadArgument", "BadTokens", "BadSalt",
+        "UnknownRequest", "CommitPastAllocation", "RequestBusy", "DraftsPending", "StaleRead",
+        "Refused", "LayoutError", "InvariantViolation")},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,17 +1,18 @@
-"""Decode graph guard: decode steps run through static buffers captured once.
+"""Decode graph guard: the captured part of a decode step runs through static buffers over the
+CacheManager's pool tensors (one memory: the graph reads the same tensor the kernels do).
 
-The static buffers (block table, slot mapping, position) and the model's pool tensors are the
-addresses a captured decode graph bakes in.  Before every replay the current addresses go
-through ``kernels.guards.GuardedGraph`` (spec.funnel.can_replay); a relocation (a buffer or pool
-re-allocated, e.g. pool growth) makes the replay refused, and the guard re-captures first.  The
-buffers' *contents* are refreshed in place before every replay (a graph must never read a
-fixed buffer whose contents were not refreshed).
+The static buffers (the block table of the first layer's window pages and the gathered window)
+and the manager's pool tensor are the addresses a captured decode graph bakes in.  Before every
+replay the current addresses go through ``kernels.guards.GuardedGraph`` (spec.funnel.can_replay);
+a relocation (a static buffer re-allocated because a table outgrew it, or ``relocate()``) makes
+the replay refused, and the guard re-captures first.  The buffers' *contents* are refreshed in
+place from the request's tables before every replay (a graph must never read a fixed buffer
+whose contents were not refreshed).
 
 What is replayed is hybridkv.engine.cudagraph.CapturedGather (layer 0's window gather through
-the static block table): a real ``torch.cuda.CUDAGraph`` when the model's pools are on CUDA
-(untested here: no GPU), the same callable run eagerly on CPU -- the guard path is identical.
-The rest of the decode step (V4Mini.forward: data-dependent shapes, host syncs) runs eagerly on
-the refreshed buffers.
+the static block table): a real ``torch.cuda.CUDAGraph`` when the pools are on CUDA, the same
+callable run eagerly on CPU -- the guard path is identical.  The rest of the decode step
+(V4Mini.forward: data-dependent shapes) runs eagerly.
 """
 import torch
 
@@ -20,29 +21,27 @@ from kernels.guards import GuardedGraph, LaunchRefused
 
 
 class DecodeGraph:
-    def __init__(self, model_cache, max_blocks=16, skip_guard=False):
-        self.mc, self.skip_guard = model_cache, skip_guard
+    def __init__(self, cache, max_blocks=16, skip_guard=False):
+        self.cache, self.skip_guard = cache, skip_guard
+        layer = min(cache.layout.layer_slot)
+        self.group = cache.layout.layer_slot[layer][0]
+        self.pool = cache.layer_pools(layer)["swa"]["kv"]
         self.max_blocks = max_blocks
         self.bufs = self._alloc(max_blocks)
-        self.graph, self.captures, self.replays, self.refused = None, 0, 0, 0
-        self.kernel = None
-        self.cuda = self.mc.pools[("swa", 0)].is_cuda
+        self.graph, self.kernel = None, None
+        self.captures = self.replays = self.refused = 0
+        self.cuda = self.pool.is_cuda
 
     def _alloc(self, n):
-        dev, cfg = self.mc.device, self.mc.cfg
-        return {"block_table": torch.full((n,), -1, dtype=torch.long, device=dev),
-                "slot": torch.zeros((1,), dtype=torch.long, device=dev),
-                "position": torch.zeros((1,), dtype=torch.long, device=dev),
-                "window": torch.zeros((n, cfg.swa_block, cfg.head_dim), device=dev)}
+        dev = self.pool.device
+        return {"block_table": torch.zeros((n,), dtype=torch.long, device=dev),
+                "window": torch.zeros((n, *self.pool.shape[1:]), device=dev)}
 
     def _current(self):
-        cur = dict(self.bufs)
-        cur.update({f"pool/{k}/{l}": t for (k, l), t in self.mc.pools.items()})
-        return cur
+        return dict(self.bufs, pool=self.pool)
 
     def _capture(self):
-        self.kernel = CapturedGather(self.mc.pools[("swa", 0)], self.bufs["block_table"],
-                                     self.bufs["window"])
+        self.kernel = CapturedGather(self.pool, self.bufs["block_table"], self.bufs["window"])
         self.graph = GuardedGraph(self.kernel.replay, self._current())
         self.captures += 1
 
@@ -51,34 +50,24 @@ class DecodeGraph:
         """CUDA replays whose output differed from the eager gather (0 on CPU)."""
         return self.kernel.mismatches if self.kernel is not None else 0
 
-    def relocate(self, extra_blocks=8):
-        """Grow every model pool by ``extra_blocks`` (new tensors: every address moves)."""
-        for key, t in list(self.mc.pools.items()):
-            grown = torch.full((t.shape[0] + extra_blocks, *t.shape[1:]), float("nan"),
-                               device=t.device)
-            grown[:t.shape[0]] = t
-            self.mc.pools[key] = grown
-            self.mc.free_blocks[key] = list(range(t.shape[0] + extra_blocks - 1,
-                                                  t.shape[0] - 1, -1)) + self.mc.free_blocks[key]
-        self.mc.num_blocks += extra_blocks
+    def relocate(self):
+        """Re-allocate the static buffers: every captured buffer address moves."""
+        self.bufs = self._alloc(self.max_blocks)
 
-    def _refresh(self, state):
-        table = state.layers[0].swa
+    def _refresh(self, work):
+        table = [b for b in work.tables[self.group].swa if b >= 0]
         if len(table) > self.max_blocks:              # outgrew the static buffer: relocation
             self.max_blocks = 2 * len(table)
             self.bufs = self._alloc(self.max_blocks)
         bt = self.bufs["block_table"]
-        bt.fill_(-1)
+        bt.zero_()
         bt[:len(table)] = torch.as_tensor(table, dtype=torch.long)
-        pos = state.length
-        bs = self.mc.cfg.swa_block
-        self.bufs["position"].fill_(pos)
-        self.bufs["slot"].fill_(table[pos // bs] * bs + pos % bs)      # reserved above
+        return table
 
-    def step(self, model, token, state):
-        """One guarded decode step of ``token`` on ``state``; returns the logits [1, vocab]."""
-        state.reserve(1)
-        self._refresh(state)
+    def step(self, work):
+        """Replay the captured gather for one decode request's ``work`` (a SeqWork) behind
+        the topology guard; returns the gathered window pages (checked by tests)."""
+        table = self._refresh(work)
         if self.graph is None:
             self._capture()
         if self.skip_guard:
@@ -91,5 +80,4 @@ class DecodeGraph:
                 self._capture()
                 self.graph.replay(self._current())
         self.replays += 1
-        assert int(self.bufs["position"]) == state.length
-        return model.forward([int(token)], state)
+        return self.bufs["window"][:len(table)]

@@ -1,66 +1,37 @@
-"""Speculative decoding steps of the Engine (a mixin): one decode step with draft tokens, the
-verification, and the rollback of every object on rejection (model state restored from the
-pre-draft checkpoint, manager drafts rejected or accepted in part)."""
-import torch
+"""Speculative decoding: a drafter proposes tokens, one forward runs the real next token and the
+drafts together, and greedy verification keeps the longest prefix the model agrees with.
 
-from hybridkv.model.cache import SeqState
+In the cache (CacheManager.allocate with ``num_draft_tokens``) drafts get draft-only blocks and
+draft tail targets; the forward writes the compressors' open windows there, so the working
+tails keep the state before the step.  Every draft accepted: ``accept_drafts`` commits them and
+the draft tails become the working ones.  Any rejected: ``reject_drafts`` releases every draft
+object, and the accepted tokens are recomputed from the untouched working state (the next
+token is already known: the draft forward's logit at the last accepted position depends only
+on accepted tokens).
+"""
+from hybridkv.engine.drafter import NgramDrafter
+from hybridkv.errors import BadArgument
 
 
-class Speculation:
-    def _run(self, st, toks, cuts):
-        """Forward ``toks`` split at the absolute positions ``cuts``; returns (logits,
-        chunk bounds, {H: checkpoint at each cut})."""
-        L, out, pieces, cks = st.length, [], [], {}
-        bounds = [L] + [p for p in cuts if L < p < L + len(toks)] + [L + len(toks)]
-        for a, b in zip(bounds, bounds[1:]):
-            out.append(self.model.forward(toks[a - L:b - L], st))
-            pieces.append((a, b))
-            if b < bounds[-1]:
-                cks[b] = st.checkpoint()
-        return torch.cat(out), pieces, cks
+class Speculator:
+    def __init__(self, num_draft_tokens=0, drafter=None):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) \
+                or num_draft_tokens < 0:
+            raise BadArgument("num_draft_tokens must be an int >= 0", num_draft_tokens)
+        self.k = num_draft_tokens
+        self.drafter = drafter or NgramDrafter(max(1, num_draft_tokens))
 
-    def _speculate(self, req, d):
-        """One decode step with drafts ``d``.  Model checkpoints at aligned positions inside
-        the step (where the manager may record a checkpoint) are stored only once they lie
-        within the accepted tokens: nothing computed for a rejected draft is ever kept."""
-        seq, st = req.seq, req.state
-        L, last = st.length, seq[-1]
-        gran = self.cache.layout.granule
-        if self._allocate(req, 1, len(d)) is None:
-            return 0
-        before = st.checkpoint()
-        cuts = [p for p in range(L + 1, L + 1 + len(d)) if p % gran == 0]
-        logits, pieces, cks = self._run(st, [last] + d, cuts)
+    def propose(self, seq, room):
+        """Up to min(k, room) drafts continuing ``seq`` (none when speculation is off)."""
+        if not self.k or room <= 0:
+            return []
+        return list(self.drafter.propose(seq))[:min(self.k, room)]
+
+    @staticmethod
+    def verify(logits, drafts):
+        """(accepted count j, next token): logits[i] is the model's prediction after the
+        i-th token of [last] + drafts; the next token follows the last accepted one."""
         j = 0
-        while j < len(d) and int(logits[j].argmax()) == d[j]:
+        while j < len(drafts) and int(logits[j].argmax()) == drafts[j]:
             j += 1
-        self.cache.commit(req.rid, 1, [last])
-        if self.bug == "publish_drafts" and j < len(d):   # seeded bug: drafts published
-            self.cache.accept_drafts(req.rid, d)
-        elif j:
-            self.cache.accept_drafts(req.rid, d[:j])
-        else:
-            self.cache.reject_drafts(req.rid)
-        E = L + 1 + j
-        if j < len(d):
-            if self.bug == "keep_rejected_drafts":     # seeded bug: only the length rolls back
-                st.length, pieces, cks = E, [(L, E)], {}
-                nxt = int(logits[j].argmax())
-            else:
-                st.free()
-                st = req.state = SeqState.restore(self.mc, before)
-                logits, pieces, cks = self._run(st, [last] + d[:j], cuts)
-                nxt = int(logits[-1].argmax())
-        else:
-            nxt = int(logits[-1].argmax())
-        req.schedule += pieces
-        req.recomputed += 1 + j
-        req.drafted += len(d)
-        req.accepted += j
-        req.out += d[:j] + [nxt]
-        for H, ck in cks.items():
-            if H <= E:
-                self.store.put_at(req.seq, req.salt, H, ck,
-                                  [s for s in req.schedule if s[1] <= H])
-        self.store.put(req.seq, req.salt, st, req.schedule)
-        return 1 + len(d)
+        return j, int(logits[j].argmax())

@@ -107,8 +107,12 @@ class V4Mini:
             rows_g = torch.cat([blk[:s - base, width:2 * width], g])
             slices.append(CompressSlice(rows_kv, rows_g, tables[r], base, s // ratio,
                                         (s + n) // ratio))
-            keep = tail_start(s + n, ratio, overlap) - base
-            tails.append((getattr(tab, which + "_write"), rows_kv[keep:], rows_g[keep:]))
+            ends = [(s + w.regular, getattr(tab, which))]
+            if w.regular < n:
+                ends.append((s + n, getattr(tab, which + "_write")))
+            for end, slot in ends:
+                keep = tail_start(end, ratio, overlap) - base
+                tails.append((slot, rows_kv[keep:end - base], rows_g[keep:end - base]))
         compress_batch(slices, ape, pool, ratio, overlap, backend=self.backend, abi=abi)
         for slot, kv, g in tails:
             tail_pool[slot, :len(kv), :width] = kv
@@ -172,11 +176,15 @@ class V4Mini:
 class SeqWork(NamedTuple):
     """One request's part of a forward: its tokens at positions [start, start + len(tokens)),
     its block tables (group -> GroupTables, from the CacheManager) and, per group, the
-    PinCheck of every shared block its launches read (CacheManager.launch_pins)."""
+    PinCheck of every shared block its launches read (CacheManager.launch_pins).  The first
+    ``regular`` tokens are verified ones, the rest drafts: the compressors' open windows are
+    written at start + regular into the working tails and, when there are drafts, at the end
+    into the draft tail targets (``tables.*_write``)."""
     tokens: Sequence[int]
     start: int
     tables: dict
     pins: dict
+    regular: int
 
 
 def tail_start(H, ratio, overlap):

@@ -1,224 +1,289 @@
-"""The manager's link to a DiskTier: spill on eviction, verified loads into preallocated
-blocks, and the disk side of a lookup.  Follows spec.transfers / spec.disk:
+"""The manager's link to a DiskTier: spills of evicted blocks, verified loads into pool blocks,
+and the disk side of a lookup.  One format: a spill is a block's rows (every tensor, every
+layer: ``Pool.to_bytes``), a load writes them back into a pool block (``Pool.from_bytes``).
+Follows spec.transfers / spec.disk:
 
-  spill   the source block is pinned (READY -> PINNED) while the tier writes, fsyncs and
-          renames; then unpinned, and only then evicted.  A failed spill just loses the copy.
+  spill   the block's bytes are copied (under the lock, a memory copy) and handed to the tier,
+          whose workers write, fsync and rename them; the block itself is free at once (the
+          copy is the spill's source).  A failed spill just loses the copy.
   load    a FREE block of the copy's own kind goes FREE -> LOADING (memory load_start); the
-          tier copies bytes into it only after header + checksum verify (spec can_load_ok);
-          reaped under the manager lock: VERIFIED -> memory load_ok with the content the
-          header describes, published under its index key; anything else -> load_bad (FREE),
-          the disk entry is already invalidated by the tier: a miss, never an exception.
-  transit every load in flight counts against the manager's admission cap (I1).
-
-Disk keys are blake2b(index object key, kind): the index key already carries the tenant
-salt, layout id and model version (hybridkv.index), so they key the disk tier too.  The
-header's ABI id is the pool's AbiDesc (plus the indexer version for indexer objects);
-tok_hi is the position the object covers, tok_lo its second content field.
+          tier verifies header and checksum (spec can_load_ok) and copies the bytes into the
+          load's staging buffer; finishing (under the lock) writes them into the block and
+          fires load_ok with the content fixed when the load started (an indexer copy of
+          the version it was keyed and verified under), then publishes it.  Anything else ->
+          load_bad (FREE): a miss, never an exception.
+  version an indexer version bump first drops queued indexer loads and cancels those in
+          flight (spec funnel.can_bump_indexer refuses while one is still copying).
+  I/O     never under the manager lock: spills and loads run on the tier's workers, probes
+          read the tier's in-memory index, ``wait`` and ``refresh`` release the lock.
+  transit every spill and load in flight counts against the manager's admission cap (I1).
 """
 import collections
 import time
 
-from hybridkv import alloc as A
-from hybridkv.diskplan import DISK_KIND, Load, disk_key
-from hybridkv.disk.format import DiskError, DiskMeta, abi_id, key_of
-from hybridkv.errors import AdmissionRefused, InvariantViolation
-from hybridkv.pools import REC, ObjRef
+import torch
+
+from hybridkv.cache.diskplan import DISK_KIND, DiskRead, Load, decide, disk_key
+from hybridkv.cache.pool import REC, ObjRef
+from hybridkv.disk.format import DiskError, DiskMeta, abi_id
+from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from spec.common import LOADING, READY
+
 
 class DiskLink:
     def __init__(self, mgr, tier, spill_kinds=tuple(DISK_KIND), spill_on_evict=True):
+        for k in spill_kinds:
+            if k not in DISK_KIND:
+                raise BadArgument("spill_kinds names an unknown kind", k)
         self.mgr, self.tier = mgr, tier
         self.spill_kinds, self.spill_on_evict = frozenset(spill_kinds), spill_on_evict
-        self.loads = {}                  # disk key -> Load (block LOADING, counted in transit)
-        self.pending = collections.OrderedDict()   # disk key -> queued load (holds nothing)
+        self.loads = {}                  # disk key -> Load (block LOADING, in transit)
+        self.pending = collections.OrderedDict()   # disk key -> (DiskRead, keys): queued
+        self.spills = {}                 # disk key -> SpillHandle in flight
         self.known, self._listed, self.refresh_s = set(), -1e9, 1.0
-        self.spilling = 0
-        self.counts = {"spilled": 0, "spill_failed": 0, "spill_skipped": 0, "loads_started": 0,
-                       "load_verified": 0, "load_miss": 0, "load_cancelled": 0,
-                       "load_redundant": 0}
+        self.counts = collections.Counter()
 
     # -- what an object is -------------------------------------------------------------------
-    def expected(self, kind, group, at):
-        """The spec record content an object of (kind, group) covering ``at`` holds."""
+    def content(self, kind, group, at):
+        """The spec record content an object of (kind, group) covering ``at`` holds now."""
         cx = self.mgr.ctx[group]
         rec = REC[kind]()
         rec = rec._replace(**rec.partial_at(at, cx))
         rec = rec._replace(**rec.completed(cx))
         return tuple(getattr(rec, f) for f in rec.CONTENT)
 
-    def key_for(self, ikey, kind):
-        """Disk key of the object published under ``ikey``; an indexer copy is also keyed
-        by the indexer version (a copy of old weights is another object)."""
-        return disk_key(ikey, f"{kind}@{self.mgr.miv}" if kind == "idx" else kind)
+    def key_for(self, kind, group, ikey, exact):
+        """Disk key of an object; an indexer copy is also keyed by the indexer version."""
+        return disk_key(ikey, group, exact, f"idx@{self.mgr.miv}" if kind == "idx" else kind)
 
-    def meta(self, kind, group, at):
+    def meta(self, kind, group, content):
         pool = self.mgr.pools[(kind, group)]
-        c = self.expected(kind, group, at)
-        abi = abi_id((tuple(pool.abi), self.mgr.miv) if kind == "idx" else tuple(pool.abi))
-        return DiskMeta(DISK_KIND[kind], abi, c[1], c[0])
+        desc = (tuple(pool.abi), pool.staged_nbytes)
+        if kind == "idx":
+            desc += (content[2],)
+        return DiskMeta(DISK_KIND[kind], abi_id(desc), content[1], content[0])
 
-    def state(self, key):
-        if key in self.loads:
-            return "loading"
+    def in_transit(self):
+        return len(self.loads) + len(self.spills)
+
+    # -- lookup side (no I/O) ----------------------------------------------------------------
+    def probe(self, kind, group, ikey, exact, at, H):
+        """DiskRead when object (kind, group, ikey) has a copy on disk or loading."""
+        key = self.key_for(kind, group, ikey, exact)
+        ld = self.loads.get(key)
+        if ld is not None:
+            return DiskRead(H, group, kind, at, exact, ikey, "loading", ld.staging.numel())
         try:
-            return self.tier.state(key)
+            p = self.tier.probe(key)
         except (DiskError, OSError):
-            return "absent"
+            return None
+        if p.state not in ("on_disk", "verified"):
+            return None
+        return DiskRead(H, group, kind, at, exact, ikey, p.state, p.nbytes)
 
-    # -- spill ---------------------------------------------------------------------------------
-    def worth_keeping(self, ref, rec):
+    def candidates(self, keys, limit):
+        """Granule numbers i <= limit without a checkpoint record in memory whose first
+        group's exact object is known on disk (e.g. spilled by an earlier process)."""
+        if not self.known and not self.loads:
+            return frozenset()
+        g0 = self.mgr.layout.groups[0]
+        kind = next(k for k in ("swa", "tail", "idx", "comp") if k in g0.kinds)
+        ckpts = self.mgr.index.ckpts
+        return frozenset(i for i in range(1, limit + 1) if keys[i - 1] not in ckpts and
+                         self.key_for(kind, g0.name, keys[i - 1], True) in self.known)
+
+    def _left(self, r):
+        ld = self.loads.get(self.key_for(r.kind, r.group, r.ikey, r.exact))
+        return r.nbytes if ld is None else max(0, ld.staging.numel() - ld.handle.progress)
+
+    def decide(self, reads, start, H):
+        return decide(self.tier.cost_model, reads, start, H, self._left)
+
+    # -- spills --------------------------------------------------------------------------------
+    def worth_keeping(self, ref):
+        rec = self.mgr.pools[(ref.kind, ref.group)].recs[ref.block]
         return ref.kind in self.spill_kinds and rec.st == READY and \
-            self.mgr.index.published(ref.kind, ref.group, ref.block)
+            self.mgr.index.published(*ref)
 
     def spill(self, ref):
-        """Copy one READY published block to disk (pinned while written).  True on success;
-        never raises for disk trouble."""
+        """Hand a copy of one READY published block to the tier; True when accepted."""
         mgr = self.mgr
         pool = mgr.pools[(ref.kind, ref.group)]
         rec = pool.recs[ref.block]
-        if not self.worth_keeping(ref, rec) or not A.admits(mgr, 1):
+        if not self.worth_keeping(ref) or not mgr.admission.admits(1):
             self.counts["spill_skipped"] += 1
             return False
-        at = getattr(rec, rec.CONTENT[0])
         content = tuple(getattr(rec, f) for f in rec.CONTENT)
-        if content != self.expected(ref.kind, ref.group, at):
+        if content != self.content(ref.kind, ref.group, content[0]):
             self.counts["spill_skipped"] += 1          # e.g. an indexer of an old version
             return False
-        ikey = mgr.index.key_of[(ref.kind, ref.group)][ref.block]
-        pool.fire(ref.block, "pin")
-        self.spilling += 1                              # in transit until fsync + rename
+        ikey, exact = mgr.index.key_of(*ref)
+        key = self.key_for(ref.kind, ref.group, ikey, exact)
+        if key in self.spills or key in self.known:
+            return False
         try:
-            res = self.tier.spill(self.key_for(ikey, ref.kind), pool.view(ref.block),
-                                  self.meta(ref.kind, ref.group, at))
-            ok = res.ok
-            if ok:
-                self.known.add(res.key)
+            h = self.tier.spill_async(key, pool.to_bytes(ref.block),
+                                      self.meta(ref.kind, ref.group, content))
         except (DiskError, OSError):
-            ok = False
-        finally:
-            self.spilling -= 1
-            pool.fire(ref.block, "unpin")
-        self.counts["spilled" if ok else "spill_failed"] += 1
-        return ok
+            self.counts["spill_failed"] += 1
+            return False
+        self.spills[key] = h
+        self.counts["spill_started"] += 1
+        return True
 
     def on_evict(self, ref):
         if self.spill_on_evict:
             self.spill(ref)
 
-    def spill_all(self):
-        """Spill every READY published block (memory copies stay): a checkpoint to disk."""
-        n = 0
-        for (kind, g), pool in self.mgr.pools.items():
-            for b in list(self.mgr.index.key_of[(kind, g)]):
-                if pool.recs[b].st == READY:
-                    n += self.spill(ObjRef(kind, g, b))
-        return n
+    def _reap_spills(self):
+        for key, h in list(self.spills.items()):
+            if h.done():
+                del self.spills[key]
+                ok = h.result(0).ok
+                self.counts["spilled" if ok else "spill_failed"] += 1
+                if ok:
+                    self.known.add(key)
+
+    def spill_all(self, timeout):
+        """Spill every READY published block (memory copies stay); returns how many were
+        written (waiting for them without the lock)."""
+        with self.mgr.lock:
+            before = self.counts["spilled"]
+            for (kind, g), pool in self.mgr.pools.items():
+                for b, rec in enumerate(pool.recs):
+                    if rec.st == READY and self.mgr.index.published(kind, g, b):
+                        self.spill(ObjRef(kind, g, b))
+        self.wait(timeout)
+        return self.counts["spilled"] - before
 
     # -- loads ---------------------------------------------------------------------------------
-    def maybe_on_disk(self, key):
-        """Cheap pre-filter for lookup candidates: loading, or named by a file the backend
-        listed (re-listed at most every ``refresh_s``); the funnel then asks the tier."""
-        if key in self.loads:
-            return True
-        if time.monotonic() - self._listed > self.refresh_s:
-            self._listed = time.monotonic()
-            try:
-                names = self.tier.backend.names()
-            except Exception:                           # a listing fault hides nothing
-                names = []
-            self.known = {k for k in map(key_of, names) if k} | set(self.tier.keys())
-        return key in self.known
-
-    def start(self, reads, ckpt, protect=()):
-        """Queue verified loads for ``reads`` (DiskRead) and start as many as the admission
-        cap and the tier's in-flight budget allow (the rest start as loads finish, see
-        reap); returns how many were accepted."""
+    def start(self, plan):
+        """Queue verified loads for ``plan.disk`` (re-keyed from each object's index key: a
+        plan naming foreign disk keys loads nothing foreign) and start what the cap allows;
+        returns how many were accepted.  A malformed read raises BadArgument, queueing none."""
+        mgr, reads = self.mgr, tuple(plan.disk)
+        for r in reads:
+            if not isinstance(r, DiskRead) or (r.kind, r.group) not in mgr.pools or \
+                    not isinstance(r.ikey, bytes) or not isinstance(r.at, int) or r.at < 1:
+                raise BadArgument("prefetch: not a disk read of this cache", r)
+        keys = plan.chain_keys
         n = 0
         for r in reads:
-            if r.key in self.loads or r.key in self.pending or \
-                    self.mgr.index.get(r.kind, r.group, r.ikey) is not None:
+            key = self.key_for(r.kind, r.group, r.ikey, r.exact)
+            published = (mgr.index.exact_block if r.exact else mgr.index.chain_block)(
+                r.kind, r.group, r.ikey)
+            if key in self.loads or key in self.pending or published is not None:
                 continue
-            exact = ckpt is not None and r.ikey in {x.key for x in ckpt.needs if x.exact}
-            self.pending[r.key] = (r, ckpt if exact else None, tuple(protect))
+            self.pending[key] = (r, keys)
             n += 1
-        self._pump()
+        self._pump(protect=plan.reads)
         return n
 
-    def _pump(self):
+    def _pump(self, protect=()):
+        mgr = self.mgr
         for key in list(self.pending):
-            if self.tier.in_flight >= self.tier.cap or not A.admits(self.mgr, 1):
+            if self.tier.in_flight >= self.tier.cap or not mgr.admission.admits(1):
                 return                                  # budget full: stays queued
-            r, ckpt, protect = self.pending.pop(key)
-            if self.state(r.key) in ("on_disk", "verified"):
-                self._start_one(r, ckpt, protect)
+            r, keys = self.pending.pop(key)
+            if self.tier.state(key) in ("on_disk", "verified"):
+                self._start_one(key, r, keys, protect)
 
-    def _start_one(self, r, ckpt, protect):
+    def _start_one(self, key, r, keys, protect):
         mgr, pk = self.mgr, (r.kind, r.group)
         pool = mgr.pools[pk]
-        if pool.n_free < 1:
-            held = [x for x in protect if x.block in mgr.evictable.get((x.kind, x.group), ())]
-            for x in held:                              # the plan's memory part stays
-                A.make_ineligible(mgr, x)
-            try:
-                A.admission(mgr, {pk: 1})
-                A.make_room(mgr, pk, 1)
-            except AdmissionRefused:
-                return False
-            finally:
-                for x in held:
-                    A.make_eligible(mgr, x)
+        try:
+            with mgr.evictor.holding(protect):
+                mgr.admission.check({pk: 1})
+                mgr.evictor.make_room(pk, 1)
+        except AdmissionRefused:
+            return False
         b = pool.alloc()
         pool.fire(b, "load_start")                      # preallocated: address fixed
-        valid = lambda p=pool, b=b: p.recs[b].st == LOADING   # noqa: E731
+        content = self.content(r.kind, r.group, r.at)
+        staging = torch.empty(pool.staged_nbytes, dtype=torch.uint8)
+        valid = lambda p=pool, b=b: p.recs[b].st == LOADING      # noqa: E731
         try:
-            h = self.tier.load_async(r.key, pool.view(b), self.meta(r.kind, r.group, r.at),
-                                     valid)
+            h = self.tier.load_async(key, staging, self.meta(r.kind, r.group, content), valid)
         except (DiskError, OSError):
             pool.fire(b, "load_bad")
             return False
-        self.loads[r.key] = Load(ObjRef(r.kind, r.group, b), r.ikey, r.at, h, r.nbytes, ckpt)
+        self.loads[key] = Load(ObjRef(r.kind, r.group, b), r, key, h, staging, content, keys)
         self.counts["loads_started"] += 1
         return True
 
-    def reap(self, wait=None, pump=True):
-        """Finish loads that are done (frees or publishes blocks: never takes any), then,
-        with ``pump``, start queued ones (takes blocks: never inside an allocation).  With
-        ``wait`` seconds: keep waiting until nothing is in flight or queued."""
-        deadline = time.monotonic() + (wait or 0)
+    def reap(self):
+        """Finish what is done (under the lock): loads publish or free their blocks, spills
+        become known; then start queued loads."""
+        self._reap_spills()
+        for key, ld in list(self.loads.items()):
+            if ld.handle.done():
+                self._finish(key, ld, ld.handle.result(0))
+        self._pump()
+
+    def wait(self, timeout):
+        """Reap until nothing is in flight or queued, or ``timeout`` s passed; waits never
+        hold the manager lock.  Returns how many loads are still in flight or queued."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not 0 <= timeout < float("inf"):
+            raise BadArgument("timeout must be a finite number of seconds >= 0", timeout)
+        deadline = time.monotonic() + timeout
+        self.refresh()
         while True:
-            for key, ld in list(self.loads.items()):
-                if ld.handle.done():
-                    self._finish(key, ld, ld.handle.result(0))
-            if pump:
-                self._pump()
-            left = deadline - time.monotonic()
-            if not wait or left <= 0 or not (self.loads or self.pending):
-                return
-            if self.loads:
-                next(iter(self.loads.values())).handle.result(min(left, 0.05))
-            else:
-                return                                  # queued but nothing can start
+            with self.mgr.lock:
+                self.reap()
+                busy = [ld.handle for ld in self.loads.values()] + list(self.spills.values())
+                left = len(self.loads) + len(self.pending)
+            remaining = deadline - time.monotonic()
+            if not busy or remaining <= 0:
+                return left
+            busy[0].result(min(remaining, 0.05))
+
+    def refresh(self):
+        """Adopt what other processes spilled (blocking, off the lock, at most every
+        ``refresh_s``) and renew the set of keys known on disk."""
+        if time.monotonic() - self._listed > self.refresh_s:
+            self._listed = time.monotonic()
+            self.tier.refresh()
+            self.known = set(self.tier.keys())
 
     def _finish(self, key, ld, res):
         mgr = self.mgr
         del self.loads[key]
-        pool = mgr.pools[(ld.ref.kind, ld.ref.group)]
-        if res.ok and mgr.index.get(ld.ref.kind, ld.ref.group, ld.ikey) is None:
-            pool.fire(ld.ref.block, "load_ok", self.expected(ld.ref.kind, ld.ref.group, ld.at))
-            mgr.index.put(ld.ref.kind, ld.ref.group, ld.ikey, ld.ref.block)
-            A.admit_entry(mgr, ld.ref, ld.at, ld.ckpt is not None)
-            A.make_eligible(mgr, ld.ref)
-            if ld.ckpt is not None:
-                mgr.index.add_checkpoint(ld.ckpt)
-            self.counts["load_verified"] += 1
-        else:                                           # miss, cancelled, or already there
+        r, pool = ld.read, mgr.pools[(ld.ref.kind, ld.ref.group)]
+        taken = (mgr.index.exact_block if r.exact else mgr.index.chain_block)(
+            r.kind, r.group, r.ikey) is not None
+        if not res.ok or taken or ld.content != self.content(r.kind, r.group, r.at):
             pool.fire(ld.ref.block, "load_bad")
             self.counts["load_redundant" if res.ok else "load_miss" if res.status == "miss"
                         else "load_cancelled"] += 1
+            return
+        pool.from_bytes(ld.ref.block, ld.staging)
+        pool.fire(ld.ref.block, "load_ok", ld.content)
+        self._publish(ld)
+        self.counts["load_verified"] += 1
+
+    def _publish(self, ld):
+        mgr, r = self.mgr, ld.read
+        gran, bs = mgr.layout.granule, mgr.layout.group(r.group).block_size
+
+        def chain_at(kind, group, e):
+            b = mgr.index.chain_block(kind, group, ld.keys[e // gran - 1]) if e > 0 else None
+            return None if b is None else ObjRef(kind, group, b)
+        parent = None
+        if r.kind in ("comp", "idx"):
+            parent = chain_at(r.kind, r.group, r.at - (r.at % bs if r.exact else bs))
+        mgr.index.publish(ld.ref, r.ikey, r.exact, parent)
+        if parent is not None:
+            mgr.evictor.refresh(parent)
+        mgr.evictor.admit(ld.ref, r.at, r.exact)
+        if r.exact and all(mgr.index.exact_block(s.kind, s.group, r.ikey) is not None
+                           for s in mgr.layout.exact_at(r.H)):
+            anchors = [chain_at(k, g, r.H - r.H % mgr.layout.group(g).block_size)
+                       for k, g in mgr.layout.chain_pools()]
+            mgr.index.add_checkpoint(r.H, r.ikey, [a for a in anchors if a is not None])
 
     def cancel(self):
-        """Drop queued loads and cancel those in flight; a block the tier guarantees
-        untouched goes back FREE at once."""
+        """Drop queued loads and cancel those in flight; returns how many still finish."""
         self.pending.clear()
         for key, ld in list(self.loads.items()):
             if ld.handle.cancel():
@@ -226,13 +291,35 @@ class DiskLink:
                 self.mgr.pools[(ld.ref.kind, ld.ref.group)].fire(ld.ref.block, "load_bad")
                 self.counts["load_cancelled"] += 1
         self.reap()
+        return len(self.loads)
+
+    def quiesce_indexer(self):
+        """Before an indexer version bump: queued indexer loads are dropped, those in flight
+        cancelled (finished ones reaped); returns how many are still copying."""
+        for key in [k for k, (r, _) in self.pending.items() if r.kind == "idx"]:
+            del self.pending[key]
+        self.reap()
+        for key, ld in list(self.loads.items()):
+            if ld.read.kind == "idx" and ld.handle.cancel():
+                del self.loads[key]
+                self.mgr.pools[(ld.ref.kind, ld.ref.group)].fire(ld.ref.block, "load_bad")
+                self.counts["load_cancelled"] += 1
+        return sum(ld.read.kind == "idx" for ld in self.loads.values())
+
+    # -- accounting --------------------------------------------------------------------------
+    def loading_blocks(self):
+        return [ld.ref for ld in self.loads.values()]
+
+    def stats(self):
+        return dict(self.counts, loads_in_flight=len(self.loads), loads_queued=len(self.pending),
+                    spills_in_flight=len(self.spills), used_bytes=self.tier.used_bytes,
+                    entries=len(self.tier.keys()))
 
     def check(self):
         """I2 for loads: every LOADING block has exactly one load of its own kind and group;
         every load targets a LOADING block."""
-        targets = {}
+        targets = collections.Counter(ld.ref for ld in self.loads.values())
         for key, ld in self.loads.items():
-            targets[ld.ref] = targets.get(ld.ref, 0) + 1
             if self.mgr.pools[(ld.ref.kind, ld.ref.group)].recs[ld.ref.block].st != LOADING:
                 raise InvariantViolation("load_target", (key, ld.ref))
         for (kind, g), pool in self.mgr.pools.items():
@@ -240,3 +327,4 @@ class DiskLink:
                 n = targets.get(ObjRef(kind, g, b), 0)
                 if (rec.st == LOADING) != (n == 1) or n > 1:
                     raise InvariantViolation("state_routing_loads", ((kind, g, b), n))
+

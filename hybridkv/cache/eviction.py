@@ -10,6 +10,8 @@ A block is ``cached`` when it is admitted to the policy, READY (or STALE) and un
 be evicted now or once its descendants are.  Admission counts ``n_free + cached`` per pool (a
 running request pins every chain block it reads, so no cached block has a pinned descendant).
 """
+import contextlib
+
 from hybridkv.cache.pool import ObjRef
 from hybridkv.errors import AdmissionRefused
 from hybridkv.policy import EntryMeta
@@ -79,6 +81,23 @@ class Evictor:
             self.admitted[pk].discard(b)
             self.policies[pk].remove(b, evicted)
         self.pools[pk].touch(b)
+
+    @contextlib.contextmanager
+    def holding(self, reads):
+        """Within the block, the cached blocks ``reads`` name (Read records) are neither
+        counted as available nor evicted: a prefetch keeps its plan's memory part."""
+        held = [r.ref for r in reads if r.ref.block in self.cached[(r.ref.kind, r.ref.group)]]
+        for ref in held:
+            pk = (ref.kind, ref.group)
+            self.cached[pk].discard(ref.block)
+            if ref.block in self.eligible[pk]:
+                self.eligible[pk].discard(ref.block)
+                self.policies[pk].ineligible(ref.block)
+        try:
+            yield
+        finally:
+            for ref in held:
+                self.refresh(ref)
 
     def available(self, pk):
         """Blocks pool ``pk`` can supply: free now, or cached (evictable)."""

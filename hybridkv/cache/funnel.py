@@ -83,6 +83,7 @@ class HitPlan(NamedTuple):
     disk_tokens: int = 0    # H reachable once those loads verify (0: none)
     disk_choice: str = ""   # load | wait | recompute ("" without a disk candidate)
     disk_groups: dict = NO_GROUPS   # group -> load | wait | recompute
+    chain_keys: tuple = ()  # the prompt's chain keys (prefetch re-keys everything from them)
 
     @property
     def outcome(self):
@@ -236,9 +237,9 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
             chosen = tuple(reads)
             break
     H = best_hit(cands[:len(passes)], passes)
-    extra = ()
+    extra = ((), 0, "", NO_GROUPS)
     if disk_at is not None:
         choice, per = disk.decide(disk_at[1], H, disk_at[0])
         extra = (disk_at[1], disk_at[0], choice, per)
     return HitPlan(H, group_hits, tuple(rejections), tuple(cands), chosen if H else (),
-                   branch_length(layout, runs), n_tokens, *extra)
+                   branch_length(layout, runs), n_tokens, *extra, tuple(keys))

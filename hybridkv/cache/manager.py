@@ -32,7 +32,8 @@ from hybridkv.cache.request import Allocation, Request, check_count, check_token
 from hybridkv.cache.snapshots import Snapshots
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.cache.writer import ObjectWriter
-from hybridkv.errors import (BadArgument, BadSalt, BadTokens, CommitPastAllocation,
+from hybridkv.errors import (AdmissionRefused, BadArgument, BadSalt, BadTokens,
+                             CommitPastAllocation,
                              DraftsPending, LayoutError, Refused, RequestBusy, StaleRead,
                              UnknownRequest)
 from hybridkv.layout import ModelLayout
@@ -167,10 +168,12 @@ class CacheManager:
         if first:
             self._check_plan(req)
         protect = req.plan.reads if first else ()
-        self.admission.check(self.writer.blocks_needed(req, end, draft_end), protect)
+        need = self.writer.blocks_needed(req, end, draft_end)
+        self.admission.check(need, protect)              # O(pools): before any per-block work
         points = self.snapshots.points(req, start, end)
-        need = self.writer.blocks_needed(req, end, draft_end, points)
-        self.admission.check(need, protect)
+        if points:
+            need = self.writer.blocks_needed(req, end, draft_end, points)
+            self.admission.check(need, protect)
         restored = self.writer.restored_bytes
         if first:
             self._take_plan(req)
@@ -182,6 +185,7 @@ class CacheManager:
         self.snapshots.write(req, points, self.writer.publish)
         req.num_allocated_tokens = end
         req.num_draft_tokens = draft_end - end
+        self.writer.horizon(req)
         return Allocation(start, end, draft_end, tuple(points), req.tables,
                           self.writer.restored_bytes - restored)
 
@@ -220,6 +224,9 @@ class CacheManager:
             raise DraftsPending("accept or reject the pending drafts first", req.num_draft_tokens)
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
         end = start + num_new_tokens
+        if end <= req.fast_end and not num_draft_tokens:    # held blocks cover it (decode)
+            req.num_allocated_tokens = end
+            return Allocation(start, end, end, (), req.tables, 0)
         return self._allocate(req, end, end + num_draft_tokens)
 
     # -- 3. what a launch reads --------------------------------------------------------------
@@ -295,10 +302,15 @@ class CacheManager:
             have = known[L:L + num_tokens]
             if extra[:len(have)] != have:
                 raise BadTokens("token_ids disagree with the prompt", (L, have, extra[:len(have)]))
-            known.extend(extra[len(have):])
-            extend_chain(req.chain_keys, req.root_key, known, self.layout.granule)
+            if len(have) < num_tokens:
+                known.extend(extra[len(have):])
+                if len(known) // self.layout.granule > len(req.chain_keys):
+                    extend_chain(req.chain_keys, req.root_key, known, self.layout.granule)
         req.num_computed_tokens = L + num_tokens
-        self.writer.commit(req)
+        if L + num_tokens >= req.next_event or \
+                (req.unpublished and req.unpublished[0][0] <= len(known)):
+            self.writer.commit(req)
+            self.writer.horizon(req)
 
     def _drafts(self, request_id):
         req = self._request(request_id)
@@ -311,7 +323,7 @@ class CacheManager:
         """The first len(token_ids) drafts were verified.  Every draft accepted: they are
         committed (the draft forward's state is the request's).  Fewer: the accepted positions
         stay allocated, not computed -- the caller recomputes them (the working tails did not
-        see the drafts) and commits them."""
+        see the drafts) and commits them, ending a commit on each returned checkpoint."""
         req = self._drafts(request_id)
         tokens = check_tokens(token_ids, self.vocab)
         if len(tokens) > req.num_draft_tokens:
@@ -321,10 +333,22 @@ class CacheManager:
                               (req.num_computed_tokens, req.num_allocated_tokens))
         whole = len(tokens) == req.num_draft_tokens
         self.writer.settle_drafts(req, len(tokens))
+        start = req.num_allocated_tokens
         req.num_allocated_tokens += len(tokens)
         req.num_draft_tokens = 0
+        points = self.snapshots.points(req, start, req.num_allocated_tokens)
+        try:                                   # the accepted range gets its checkpoints too
+            need = self.snapshots.count(points)
+            self.admission.check(need)
+            for pk, k in need.items():
+                self.evictor.make_room(pk, k)
+            self.snapshots.write(req, points, self.writer.publish)
+        except AdmissionRefused:
+            points = {}
+        self.writer.horizon(req)
         if whole:
             self.commit(request_id, len(tokens), tokens)
+        return tuple(points)
 
     @locked
     def reject_drafts(self, request_id):
@@ -332,6 +356,7 @@ class CacheManager:
         req = self._drafts(request_id)
         self.writer.settle_drafts(req, 0)
         req.num_draft_tokens = 0
+        self.writer.horizon(req)
 
     # -- 5. free ----------------------------------------------------------------------------
     @locked

@@ -99,6 +99,8 @@ class Request:
     to_publish: dict = field(default_factory=dict)      # P -> exact objects left to publish
     drafts: list = field(default_factory=list)     # Owned draft-only chain blocks and pages
     seq: int = 0                                   # tie-break for the heap
+    fast_end: int = -1        # allocations ending at or before: no block, no checkpoint
+    next_event: int = -1      # first commit end that seals, captures, publishes or slides
 
     @property
     def known_tokens(self):

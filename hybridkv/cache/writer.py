@@ -36,6 +36,9 @@ class ObjectWriter:
         self.evictor, self.snapshots = evictor, snapshots
         self.gran = layout.granule
         self.restored_bytes = 0      # snapshot bytes copied into working objects on hits
+        self._shape = [(g, tuple(k for k in CHAIN_KINDS if k in g.kinds),
+                        g.window if "swa" in g.kinds else 0,
+                        tuple(k for k in ("tail", "idx") if k in g.kinds)) for g in layout.groups]
 
     # -- sizing: the one sizing function -------------------------------------------------------
     def blocks_needed(self, req, end, draft_end, points=()):
@@ -49,24 +52,45 @@ class ObjectWriter:
                 need[pk] = need.get(pk, 0) + n
         first = req.phase == LOOKED
         H = req.plan.reuse_tokens
-        for g in self.layout.groups:
+        for g, chains, window, working in self._shape:
             bs, tables = g.block_size, req.tables.get(g.name)
-            for kind in CHAIN_KINDS:
-                if kind in g.kinds:
-                    held = _ceil(H, bs) if first else len(tables.chain(kind))
-                    add((kind, g.name), (first and H % bs > 0) + _ceil(end, bs) - held)
-                    add((kind, g.name), _ceil(draft_end, bs) - max(held, _ceil(end, bs)))
-            if "swa" in g.kinds and draft_end:
-                W = g.window
-                nxt = ((H - 1) // W + 1 if H else 0) if first else len(tables.swa)
-                restore = nxt - (H - W) // W if first and H else 0
-                add(("swa", g.name), restore + (draft_end - 1) // W + 1 - nxt)
-            for kind in ("tail", "idx"):
-                if kind in g.kinds:
-                    add((kind, g.name), first + (draft_end > end))
+            for kind in chains:
+                held = _ceil(H, bs) if first else len(tables.chain(kind))
+                add((kind, g.name), (first and H % bs > 0) + _ceil(end, bs) - held)
+                add((kind, g.name), _ceil(draft_end, bs) - max(held, _ceil(end, bs)))
+            if window and draft_end:
+                nxt = ((H - 1) // window + 1 if H else 0) if first else len(tables.swa)
+                restore = nxt - (H - window) // window if first and H else 0
+                add(("swa", g.name), restore + (draft_end - 1) // window + 1 - nxt)
+            for kind in working:
+                add((kind, g.name), first + (draft_end > end))
         for pk, n in self.snapshots.count(points).items():
             add(pk, n)
         return need
+
+    def horizon(self, req):
+        """Positions up to which the next allocations and commits are pure bookkeeping:
+        ``fast_end`` (an allocation ending there needs no block and crosses no checkpoint)
+        and ``next_event`` (the first commit end that seals, captures, publishes or slides)."""
+        A, fast, event = req.num_allocated_tokens, 1 << 62, 1 << 62
+        for g, chains, window, _ in self._shape:
+            tables = req.tables[g.name]
+            for kind in chains:
+                fast = min(fast, len(tables.chain(kind)) * g.block_size)
+            if window:
+                work = req.work[g.name]
+                fast = min(fast, len(tables.swa) * window)
+                if work.pages:
+                    event = min(event, (work.first_page + 2) * window - 1)
+        for dq in req.chain.values():
+            if dq:
+                event = min(event, dq[0].at)
+        if req.pending_points:
+            event = min(event, req.pending_points[0])
+        if req.unpublished:
+            event = min(event, req.unpublished[0][0])
+        req.fast_end = min(fast, (A // self.gran + 1) * self.gran - 1)
+        req.next_event = event
 
     # -- a hit's start ------------------------------------------------------------------------
     def begin(self, req):

@@ -9,6 +9,7 @@ The payload checksum (xxh3_128, hex) lives in the JSON; it is verified before an
 reaches a caller's tensor.  File names come only from validated hex keys.
 """
 import json
+import math
 import re
 import struct
 import time
@@ -120,6 +121,25 @@ def check_meta(meta):
             raise BadInput(f"{f} must be a non-negative int64", v)
     if meta.tok_lo > meta.tok_hi:
         raise BadInput("tok_lo > tok_hi", (meta.tok_lo, meta.tok_hi))
+
+
+def check_tensor(t):
+    """A strided tensor with real storage (any device but "meta"), or BadInput."""
+    if not isinstance(t, torch.Tensor):
+        raise BadInput("object must be a torch.Tensor", type(t).__name__)
+    if t.layout is not torch.strided or t.device.type == "meta":
+        raise BadInput("tensor must be strided with storage", (t.layout, t.device.type))
+    return t
+
+
+def check_timeout(timeout):
+    """None (wait forever) or a finite number of seconds >= 0, else BadInput."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout < 0:
+        raise BadInput("timeout must be None or a finite number >= 0", timeout)
+    return timeout
 
 
 def dtype_name(t):

@@ -9,7 +9,8 @@ from typing import NamedTuple
 import torch
 
 from hybridkv.disk.backend import read_exact
-from hybridkv.disk.format import HEADER_MAX, CorruptObject, checksum, decode_header
+from hybridkv.disk.format import HEADER_MAX, CorruptObject, check_timeout, checksum, \
+    decode_header
 from spec.disk import DiskRec, DiskPrefixMachine, can_load_ok
 
 
@@ -82,7 +83,9 @@ class LoadHandle:
         return self._done.is_set()
 
     def result(self, timeout=None):
-        """The LoadResult, or None when it is not ready within ``timeout`` seconds."""
+        """The LoadResult, or None when it is not ready within ``timeout`` seconds (None or
+        a finite number >= 0; anything else raises BadInput)."""
+        check_timeout(timeout)
         return self._result if self._done.wait(timeout) else None
 
     def _finish(self, result):

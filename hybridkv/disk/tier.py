@@ -27,8 +27,8 @@ from hybridkv.disk.entry import (CORRUPT, FREE, LOADING, ON_DISK, STATE_NAMES, V
                                  WRITING, DiskAdmissionRefused, DiskProbe, Entry,
                                  IllegalTransition, SpillResult, read_entry)
 from hybridkv.disk.entry import rec as make_rec
-from hybridkv.disk.format import (BadInput, CorruptObject, check_meta, checksum,
-                                  decode_header, dtype_name, encode_header, file_name,
+from hybridkv.disk.format import (BadInput, CorruptObject, check_meta, check_tensor,
+                                  check_timeout, checksum, decode_header, dtype_name, encode_header, file_name,
                                   tensor_bytes, validate_key)
 from hybridkv.disk.loader import (DiskCtx, LoadHandle, LoadResult, LoadStatus, NotOurs,
                                   fetch_verified)
@@ -145,7 +145,7 @@ class DiskTier:
         """Write ``tensor`` (any dtype in format.DTYPES, any shape) as object ``key``."""
         name = file_name(key)
         check_meta(meta)
-        dtype_name(tensor)
+        dtype_name(check_tensor(tensor))
         t0 = time.perf_counter()
         payload = tensor_bytes(tensor)
         with self._lock:
@@ -220,7 +220,9 @@ class DiskTier:
         return h
 
     def load(self, key, dest, meta, timeout=None):
-        """Synchronous convenience wrapper around load_async."""
+        """Synchronous convenience wrapper around load_async; ``timeout`` (None or finite
+        seconds >= 0) is checked before the load starts."""
+        check_timeout(timeout)
         h = self.load_async(key, dest, meta)
         r = h.result(timeout)
         if r is None:

@@ -1,6 +1,8 @@
 """Redis backend against a real redis-server started by the test (loopback, no persistence)."""
 import multiprocessing as mp
 
+import pytest
+import redis
 import torch
 
 from hybridkv.disk import DiskMeta, DiskTier, LoadStatus
@@ -67,3 +69,34 @@ def test_two_processes_share_spilled_objects():
         got = q.get(timeout=60)
         p.join(30)
         assert got == ("verified", True)
+
+
+def fill_until_full(t, srv, headroom=1 << 20, limit=400):
+    """Cap the server at its current use + ``headroom`` with noeviction, spill until a write
+    is refused; returns the keys that were stored."""
+    admin = srv.backend().client
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + headroom)
+    stored = []
+    for i in range(limit):
+        r = t.spill(k(100 + i), x(100 + i), M)
+        if not r.ok:
+            # client buffers make used_memory drift: pin the limit below it so it stays full
+            admin.config_set("maxmemory", admin.info("memory")["used_memory"] - (64 << 10))
+            return stored, r
+        stored.append(100 + i)
+    raise AssertionError("the server never filled up")
+
+
+def test_full_redis_with_noeviction_still_serves_verified_hits():
+    with redis_server() as srv:
+        t = DiskTier(capacity_bytes=1 << 30, backend=srv.backend())
+        stored, refused = fill_until_full(t, srv)
+        assert len(stored) >= 3 and refused.reason.startswith("io:"), refused
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            srv.backend().client.set(b"probe", b"x")          # really full
+        for i in stored:
+            dst = torch.zeros(128, 64)
+            r = t.load(k(i), dst, M, timeout=10)
+            assert r.ok and torch.equal(dst, x(i)), (i, r)
+        assert sorted(t.keys()) == sorted(k(i) for i in stored)

@@ -30,8 +30,8 @@ from hybridkv.disk.entry import rec as make_rec
 from hybridkv.disk.format import (BadInput, CorruptObject, check_meta, check_tensor,
                                   check_timeout, checksum, decode_header, dtype_name, encode_header, file_name,
                                   tensor_bytes, validate_key)
-from hybridkv.disk.loader import (DiskCtx, LoadHandle, LoadResult, LoadStatus, NotOurs,
-                                  fetch_verified)
+from hybridkv.disk.loader import (DiskCtx, Fetched, LoadHandle, LoadResult, LoadStatus,
+                                  Outcome, fetch_verified)
 from hybridkv.disk.local import LocalBackend
 from spec.disk import DiskPrefixMachine as M
 from spec.table import fire
@@ -216,7 +216,7 @@ class DiskTier:
         try:
             self._pool.submit(self._run_load, e, h, meta)
         except RuntimeError:            # pool shut down
-            self._finish_load(e, h, meta, None, None, "tier closed", 0.0)
+            self._finish_load(e, h, meta, Fetched(Outcome.CANCELLED, "tier closed"))
         return h
 
     def load(self, key, dest, meta, timeout=None):
@@ -231,43 +231,40 @@ class DiskTier:
         return r
 
     def _run_load(self, e, h, meta):
-        staging, hdr, err, dt = None, None, None, 0.0
-        try:
-            staging, hdr, dt = fetch_verified(self.backend, file_name(e.key), e.key, meta,
-                                              h.dest, h)
-            if staging is not None:
-                err = h._deliver(staging)
-        except NotOurs as x:
-            err = f"mismatch: {x.reason}"
-        except CorruptObject as x:
-            err = f"corrupt: {x.reason}"
-        except OSError as x:
-            err = f"io: {errno.errorcode.get(x.errno, type(x).__name__)}"
-        except Exception as x:          # a bug must not kill the loader thread or the caller
-            err = f"internal: {type(x).__name__}: {x}"
-            self.stats["internal_errors"] += 1
-        self._finish_load(e, h, meta, staging, hdr, err, dt)
+        f = fetch_verified(self.backend, file_name(e.key), e.key, meta, h.dest, h)
+        if f.outcome is Outcome.VERIFIED:
+            why = h._deliver(f.staging)
+            if why is not None:
+                f = f._replace(outcome=Outcome.CANCELLED, reason=why, staging=None)
+        self._finish_load(e, h, meta, f)
 
-    def _finish_load(self, e, h, meta, staging, hdr, err, dt):
+    def _finish_load(self, e, h, meta, f):
+        """One load's end.  Only a copy verified corrupt in our own format is dropped and
+        deleted; a transient error, a cancel or a mismatch leave the entry on_disk (spec
+        load_cancel); a blob that is gone is forgotten, its name left alone."""
         with self._lock:
             e.handle = None
-            if err is None and staging is not None:
-                ok = make_rec(1, 1, hdr.abi, hdr.payload_off, e.st)
+            o = f.outcome
+            if o is Outcome.VERIFIED:
+                ok = make_rec(1, 1, f.hdr.abi, f.hdr.payload_off, e.st)
                 self._go(e, "load_ok", ok, meta.abi)
                 self._idx.move_to_end(e.key)
                 self.stats["load_verified"] += 1
-                res = LoadResult(e.key, LoadStatus.VERIFIED, "verified", staging.numel(), dt)
-            elif err in ("cancelled", "destination recycled") or (err is None and h.cancelled):
-                self._go(e, "load_cancel")
-                self.stats["load_cancelled"] += 1
-                res = LoadResult(e.key, LoadStatus.CANCELLED, err or "cancelled", 0, dt)
-            else:
-                # any failure (I/O, corrupt, not ours) is "not verified": record it so
+                res = LoadResult(e.key, LoadStatus.VERIFIED, "verified", f.staging.numel(),
+                                 f.seconds)
+            elif o is Outcome.CORRUPT:
                 self._go(e, "load_bad", make_rec(0, 0, meta.abi, 1, e.st), meta.abi)
-                # corrupt bytes are deleted; an I/O error may be transient, so keep the file
-                self._drop(e, delete_file=err.startswith("corrupt"))
-                self.stats["load_miss"] += 1
-                res = LoadResult(e.key, LoadStatus.MISS, err, 0, dt)
+                self._drop(e, delete_file=True)
+                self.stats["load_corrupt"] += 1
+            else:
+                self._go(e, "load_cancel")
+                if o is Outcome.GONE:
+                    self._drop(e, delete_file=False)
+                self.stats["internal_errors" if f.reason.startswith("internal") else
+                           f"load_{o.name.lower()}"] += 1
+            if o is not Outcome.VERIFIED:
+                res = LoadResult(e.key, LoadStatus.CANCELLED if o is Outcome.CANCELLED else
+                                 LoadStatus.MISS, f.reason, 0, f.seconds)
         h._finish(res)
 
     def discard(self, key):

@@ -6,9 +6,10 @@ from hybridkv.disk.format import (KINDS, BadInput, BadKey, CorruptObject, DiskEr
                                   DiskMeta, abi_id)
 from hybridkv.disk.loader import LoadHandle, LoadResult, LoadStatus
 from hybridkv.disk.local import FileOps, LocalBackend
+from hybridkv.disk.spill import SpillHandle
 from hybridkv.disk.tier import DiskAdmissionRefused, DiskProbe, DiskTier, SpillResult
 
-__all__ = ["DiskTier", "DiskMeta", "DiskProbe", "SpillResult", "LoadHandle", "LoadResult",
+__all__ = ["DiskTier", "DiskMeta", "DiskProbe", "SpillResult", "SpillHandle", "LoadHandle", "LoadResult",
            "LoadStatus", "DiskAdmissionRefused", "DiskError", "BadInput", "BadKey",
            "CorruptObject", "StorageBackend", "HookedBackend", "LocalBackend", "FileOps",
            "CostModel", "FlopsModel", "Choice", "CostDecision", "measure_read_bandwidth",

@@ -72,6 +72,7 @@ def two_process_race(d, rounds=40):
     barrier.wait(60)
     deadline = time.monotonic() + 120
     while (any(p.is_alive() for p in procs) or n < 20) and time.monotonic() < deadline:
+        c.call(tier.refresh)       # adopt what the writers published (as the manager does)
         r = c.load(tier, key_for(6), a, allowed=(a, b))
         n += 1
         hits += bool(r and r.ok)

@@ -100,3 +100,20 @@ def test_full_redis_with_noeviction_still_serves_verified_hits():
             r = t.load(k(i), dst, M, timeout=10)
             assert r.ok and torch.equal(dst, x(i)), (i, r)
         assert sorted(t.keys()) == sorted(k(i) for i in stored)
+
+
+def test_a_redis_key_of_another_type_is_skipped_and_never_deleted():
+    with redis_server() as srv:
+        t = DiskTier(capacity_bytes=1 << 24, backend=srv.backend())
+        assert t.spill(k(5), x(5), M).ok
+        c = srv.backend().client
+        c.delete(b"hkv:" + (k(5) + ".hkv").encode())
+        c.rpush(b"hkv:" + (k(5) + ".hkv").encode(), b"not a blob")       # a list, not a string
+        c.hset(b"hkv:" + (k(6) + ".hkv").encode(), "f", "v")
+        r = t.load(k(5), torch.zeros(128, 64), M, timeout=10)
+        assert r.status is LoadStatus.MISS and "regular" in r.reason and t.state(k(5)) == "absent"
+        t2 = DiskTier(capacity_bytes=1 << 24, backend=srv.backend())
+        assert t2.keys() == [] and t2.stats["scan_not_regular"] == 2
+        assert not t2.spill(k(6), x(6), M).ok
+        assert c.type(b"hkv:" + (k(5) + ".hkv").encode()) == b"list"
+        assert c.type(b"hkv:" + (k(6) + ".hkv").encode()) == b"hash"

@@ -5,8 +5,9 @@ Contract for every backend:
   a reader sees either the previous complete blob, the new complete blob, or nothing --
   never a prefix.  Any failure raises OSError and leaves no published partial blob.
 - ``open_read(name)`` returns a reader (``read_into(offset, buf) -> bytes read``, short at
-  the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, other
-  failures OSError.  Local readers read one file version even if it is replaced meanwhile.
+  the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, a name
+  that is not a plain blob (FIFO, device, symlink, directory, a Redis key of another type)
+  NotRegular -- without blocking, following or touching it -- other failures OSError.  Local readers read one file version even if it is replaced meanwhile.
 - ``size``/``names``/``remove``/``sweep_temp`` raise only OSError.  ``remove`` of a missing
   name is not an error.  ``sweep_temp`` deletes leftovers of crashed writers, returns a count.
 - Optional ``list_blobs() -> (names, skipped)``: ``names()`` plus how many entries were
@@ -17,6 +18,15 @@ import errno
 import threading
 import time
 from typing import Protocol, runtime_checkable
+
+
+class NotRegular(OSError):
+    """A blob name that holds something else (FIFO, device, symlink, directory ...): never
+    opened for reading in a blocking way, never followed, never deleted."""
+
+    def __init__(self, name, what):
+        super().__init__(errno.EINVAL, f"not a regular blob ({what})", name)
+        self.what = what
 
 
 @runtime_checkable

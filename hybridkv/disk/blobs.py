@@ -7,13 +7,13 @@ process survives.  Neither function holds the tier lock; ``Deleter`` releases th
 claim on a key once its blob is gone."""
 from typing import NamedTuple
 
-from hybridkv.disk.backend import read_head
+from hybridkv.disk.backend import NotRegular, read_head
 from hybridkv.disk.entry import ON_DISK, Entry
 from hybridkv.disk.format import HEADER_MAX, CorruptObject, decode_header, file_name, key_of
 
 
 class Inspected(NamedTuple):
-    verdict: str          # "ok" | "missing" | "io" | "corrupt"
+    verdict: str          # "ok" | "missing" | "not_regular" | "io" | "corrupt"
     entry: Entry = None   # an on_disk Entry when "ok"
     head: bytes = None    # the header bytes read (what a deletion re-checks)
 
@@ -29,6 +29,8 @@ def inspect_blob(backend, name):
             raise CorruptObject("header/name or length mismatch", name)
     except FileNotFoundError:
         return Inspected("missing")
+    except NotRegular:
+        return Inspected("not_regular")
     except CorruptObject:
         return Inspected("corrupt", None, head)
     except OSError:

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from hybridkv.disk.backend import read_exact
+from hybridkv.disk.backend import NotRegular, read_exact
 from hybridkv.disk.format import HEADER_MAX, CorruptObject, check_timeout, checksum, \
     decode_header
 from spec.disk import DiskRec, DiskPrefixMachine, can_load_ok
@@ -162,6 +162,8 @@ def fetch_verified(backend, name, key, expect, dest, handle):
             reader.close()
     except FileNotFoundError:
         return out(Outcome.GONE, "missing")
+    except NotRegular as x:
+        return out(Outcome.GONE, f"not a regular blob: {x.what}")
     except NotOurs as x:
         return out(Outcome.MISMATCH, f"mismatch: {x.reason}")
     except CorruptObject as x:

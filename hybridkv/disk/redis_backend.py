@@ -20,6 +20,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from hybridkv.disk.backend import NotRegular
+
 CHUNK = 4 << 20
 
 
@@ -31,6 +33,8 @@ _ERRNO = ((redis.exceptions.OutOfMemoryError, errno.ENOSPC),
 def _oserror(e, name):
     if isinstance(e, OSError):
         return e
+    if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE"):
+        return NotRegular(name, "redis key of another type")
     code = next((c for cls, c in _ERRNO if isinstance(e, cls)), errno.EIO)
     return OSError(code, f"redis: {type(e).__name__}: {e}", name)
 

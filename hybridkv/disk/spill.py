@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from hybridkv.disk.backend import NotRegular
 from hybridkv.disk.blobs import inspect_blob
 from hybridkv.disk.entry import WRITING, SpillResult
 from hybridkv.disk.format import (check_meta, check_tensor, check_timeout, checksum,
@@ -98,14 +99,17 @@ class Writer:
         if self.backend.shared:    # published meanwhile by another process?
             found = inspect_blob(self.backend, name)
             if found.verdict == "ok":
-                hdr = found.entry.hdr
                 return self._finish(e, h, SpillResult(e.key, True, "exists", found.entry.nbytes,
                                                       time.perf_counter() - t0),
-                                    hdr, found.entry.nbytes)
+                                    found.entry.hdr, found.entry.nbytes)
+            if found.verdict == "not_regular":      # never replaced: it is not ours
+                return self._finish(e, h, SpillResult(e.key, False, "not a regular blob"))
         payload = memoryview(staging.numpy())
         try:
             head = encode_header(e.key, meta, shape, checksum(payload))
             self.backend.put(name, [head, payload])
+        except NotRegular:
+            return self._finish(e, h, SpillResult(e.key, False, "not a regular blob"))
         except OSError as err:
             why = f"io: {errno.errorcode.get(err.errno, type(err).__name__)}"
             return self._finish(e, h, SpillResult(e.key, False, why, e.nbytes))

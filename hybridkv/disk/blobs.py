@@ -9,11 +9,12 @@ from typing import NamedTuple
 
 from hybridkv.disk.backend import NotRegular, read_head
 from hybridkv.disk.entry import ON_DISK, Entry
-from hybridkv.disk.format import HEADER_MAX, CorruptObject, decode_header, file_name, key_of
+from hybridkv.disk.format import (HEADER_MAX, CorruptObject, OtherVersion, decode_header,
+                                  file_name, key_of)
 
 
 class Inspected(NamedTuple):
-    verdict: str          # "ok" | "missing" | "not_regular" | "io" | "corrupt"
+    verdict: str          # "ok" | "missing" | "not_regular" | "other_version" | "io" | "corrupt"
     entry: Entry = None   # an on_disk Entry when "ok"
     head: bytes = None    # the header bytes read (what a deletion re-checks)
 
@@ -31,6 +32,8 @@ def inspect_blob(backend, name):
         return Inspected("missing")
     except NotRegular:
         return Inspected("not_regular")
+    except OtherVersion:
+        return Inspected("other_version")
     except CorruptObject:
         return Inspected("corrupt", None, head)
     except OSError:

@@ -57,6 +57,17 @@ class CorruptObject(DiskError):
         self.reason, self.value = reason, value
 
 
+class OtherVersion(DiskError):
+    """A blob of another format version (magic ours, version not): written by an older or
+    newer process sharing the directory or Redis prefix.  Not damage: it is never indexed,
+    never loaded and never deleted.  (A bit flip in the version field looks the same, so
+    such a blob is kept too: it costs space, never correctness.)"""
+
+    def __init__(self, version):
+        super().__init__(f"blob of format version {version}, ours is {FORMAT_VERSION}")
+        self.version = version
+
+
 class DiskMeta(NamedTuple):
     """What the caller says an object is.  abi: integer layout/ABI id (see abi_id)."""
     kind: str
@@ -176,7 +187,8 @@ def _int(body, f, lo=0, hi=2 ** 63):
 
 
 def decode_header(buf):
-    """Parse and verify a header from the first bytes of a file.  Raises CorruptObject."""
+    """Parse and verify a header from the first bytes of a file.  Raises OtherVersion for
+    another format version, CorruptObject for any damage."""
     buf = bytes(buf[:HEADER_MAX])
     if len(buf) < _PREFIX.size:
         raise CorruptObject("truncated header", len(buf))
@@ -184,7 +196,7 @@ def decode_header(buf):
     if magic != MAGIC:
         raise CorruptObject("bad magic", magic)
     if ver != FORMAT_VERSION:
-        raise CorruptObject("unsupported format version", ver)
+        raise OtherVersion(ver)       # its layout is not ours to judge: never "corrupt"
     end = _PREFIX.size + n
     if end + 16 > len(buf):
         raise CorruptObject("truncated header", len(buf))

@@ -10,8 +10,8 @@ from typing import NamedTuple
 import torch
 
 from hybridkv.disk.backend import NotRegular, read_exact
-from hybridkv.disk.format import HEADER_MAX, CorruptObject, check_timeout, checksum, \
-    decode_header
+from hybridkv.disk.format import HEADER_MAX, CorruptObject, OtherVersion, check_timeout, \
+    checksum, decode_header
 from spec.disk import DiskRec, DiskPrefixMachine, can_load_ok
 
 
@@ -164,6 +164,8 @@ def fetch_verified(backend, name, key, expect, dest, handle):
         return out(Outcome.GONE, "missing")
     except NotRegular as x:
         return out(Outcome.GONE, f"not a regular blob: {x.what}")
+    except OtherVersion as x:
+        return out(Outcome.GONE, f"other format version: {x.version}")
     except NotOurs as x:
         return out(Outcome.MISMATCH, f"mismatch: {x.reason}")
     except CorruptObject as x:

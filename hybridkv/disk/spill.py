@@ -102,8 +102,9 @@ class Writer:
                 return self._finish(e, h, SpillResult(e.key, True, "exists", found.entry.nbytes,
                                                       time.perf_counter() - t0),
                                     found.entry.hdr, found.entry.nbytes)
-            if found.verdict == "not_regular":      # never replaced: it is not ours
-                return self._finish(e, h, SpillResult(e.key, False, "not a regular blob"))
+            if found.verdict in ("not_regular", "other_version"):   # not ours: never replaced
+                return self._finish(e, h, SpillResult(e.key, False,
+                                                      found.verdict.replace("_", " ")))
         payload = memoryview(staging.numpy())
         try:
             head = encode_header(e.key, meta, shape, checksum(payload))

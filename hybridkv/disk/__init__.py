@@ -9,8 +9,8 @@ from hybridkv.disk.local import FileOps, LocalBackend
 from hybridkv.disk.spill import SpillHandle
 from hybridkv.disk.tier import DiskAdmissionRefused, DiskProbe, DiskTier, SpillResult
 
-__all__ = ["DiskTier", "DiskMeta", "DiskProbe", "SpillResult", "SpillHandle", "LoadHandle", "LoadResult",
-           "LoadStatus", "DiskAdmissionRefused", "DiskError", "BadInput", "BadKey",
-           "CorruptObject", "OtherVersion", "StorageBackend", "HookedBackend", "LocalBackend", "FileOps",
-           "CostModel", "FlopsModel", "Choice", "CostDecision", "measure_read_bandwidth",
-           "abi_id", "KINDS"]
+__all__ = ["DiskTier", "DiskMeta", "DiskProbe", "SpillResult", "SpillHandle", "LoadHandle",
+           "LoadResult", "LoadStatus", "DiskAdmissionRefused", "DiskError", "BadInput",
+           "BadKey", "CorruptObject", "OtherVersion", "StorageBackend", "HookedBackend",
+           "LocalBackend", "FileOps", "CostModel", "FlopsModel", "Choice", "CostDecision",
+           "measure_read_bandwidth", "abi_id", "KINDS"]

@@ -7,9 +7,11 @@ Contract for every backend:
 - ``open_read(name)`` returns a reader (``read_into(offset, buf) -> bytes read``, short at
   the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, a name
   that is not a plain blob (FIFO, device, symlink, directory, a Redis key of another type)
-  NotRegular -- without blocking, following or touching it -- other failures OSError.  Local readers read one file version even if it is replaced meanwhile.
+  NotRegular -- without blocking, following or touching it -- other failures OSError.
+  Local readers read one file version even if it is replaced meanwhile.
 - ``size``/``names``/``remove``/``sweep_temp`` raise only OSError.  ``remove`` of a missing
-  name is not an error.  ``sweep_temp`` deletes leftovers of crashed writers, returns a count.
+  name is not an error; ``remove`` of a name that is not a plain blob raises NotRegular.
+  ``sweep_temp`` deletes leftovers of crashed writers (regular files only), returns a count.
 - Optional ``list_blobs() -> (names, skipped)``: ``names()`` plus how many entries were
   left out because they are not plain blobs (FIFO, device, symlink, directory).
 Backends know nothing of headers or checksums; the tier verifies everything it reads.

@@ -133,16 +133,17 @@ class DiskTier:
         except OSError:
             self.stats["list_errors"] += 1
             return 0
+        named = {key_of(n): n for n in names if key_of(n) is not None}
         with self._index.lock:
-            new = [n for n in names if key_of(n) and self._index.get(key_of(n)) is None
-                   and key_of(n) not in self._index.removing]
+            new = [(k, n) for k, n in named.items()
+                   if self._index.get(k) is None and k not in self._index.removing]
         found = []
-        for name in new:
+        for key, name in new:
             got = inspect_blob(self.backend, name)
             if got.verdict == "ok":
                 found.append(got.entry)
             elif got.verdict == "corrupt":
-                self._deleter.remove_corrupt(key_of(name), got.head, claimed=False)
+                self._deleter.remove_corrupt(key, got.head, claimed=False)
             else:
                 self.stats[f"scan_{got.verdict}"] += 1
         with self._index.lock:

@@ -94,31 +94,36 @@ class Writer:
         return h
 
     def _run(self, e, h, staging, shape, meta, evicted, t0):
+        try:
+            res, hdr, nbytes = self._write(e, staging, shape, meta, evicted, t0)
+        except Exception as err:   # noqa: BLE001 -- a bug must not kill the worker or the spill
+            self.stats["internal_errors"] += 1
+            res, hdr, nbytes = SpillResult(e.key, False, f"internal: {err!r}"), None, 0
+        self._finish(e, h, res, hdr, nbytes)
+
+    def _write(self, e, staging, shape, meta, evicted, t0):
+        """(SpillResult, header of the blob now published or None, its size)."""
         self.deleter.remove(evicted)
         name = file_name(e.key)
         if self.backend.shared:    # published meanwhile by another process?
             found = inspect_blob(self.backend, name)
             if found.verdict == "ok":
-                return self._finish(e, h, SpillResult(e.key, True, "exists", found.entry.nbytes,
-                                                      time.perf_counter() - t0),
-                                    found.entry.hdr, found.entry.nbytes)
+                return (SpillResult(e.key, True, "exists", found.entry.nbytes,
+                                    time.perf_counter() - t0),
+                        found.entry.hdr, found.entry.nbytes)
             if found.verdict in ("not_regular", "other_version"):   # not ours: never replaced
-                return self._finish(e, h, SpillResult(e.key, False,
-                                                      found.verdict.replace("_", " ")))
+                return SpillResult(e.key, False, found.verdict.replace("_", " ")), None, 0
         payload = memoryview(staging.numpy())
+        head = encode_header(e.key, meta, shape, checksum(payload))
         try:
-            head = encode_header(e.key, meta, shape, checksum(payload))
             self.backend.put(name, [head, payload])
         except NotRegular:
-            return self._finish(e, h, SpillResult(e.key, False, "not a regular blob"))
+            return SpillResult(e.key, False, "not a regular blob"), None, 0
         except OSError as err:
             why = f"io: {errno.errorcode.get(err.errno, type(err).__name__)}"
-            return self._finish(e, h, SpillResult(e.key, False, why, e.nbytes))
-        except Exception as err:   # noqa: BLE001 -- a bug must not kill the worker
-            self.stats["internal_errors"] += 1
-            return self._finish(e, h, SpillResult(e.key, False, f"internal: {err!r}"))
-        self._finish(e, h, SpillResult(e.key, True, "written", e.nbytes,
-                                       time.perf_counter() - t0), decode_header(head), e.nbytes)
+            return SpillResult(e.key, False, why, e.nbytes), None, 0
+        return (SpillResult(e.key, True, "written", e.nbytes, time.perf_counter() - t0),
+                decode_header(head), e.nbytes)
 
     def _finish(self, e, h, res, hdr=None, nbytes=0):
         with self.index.lock:

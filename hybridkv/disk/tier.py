@@ -209,7 +209,11 @@ class DiskTier:
     def _run_load(self, e, h, meta):
         f = fetch_verified(self.backend, file_name(e.key), e.key, meta, h.dest, h)
         if f.outcome is Outcome.VERIFIED:
-            why = h._deliver(f.staging)
+            try:
+                why = h._deliver(f.staging)       # calls the caller's still_valid()
+            except Exception as x:  # noqa: BLE001 -- must not strand the entry in loading
+                h.cancel()
+                why = f"internal: {type(x).__name__}: {x}"
             if why is not None:
                 f = f._replace(outcome=Outcome.CANCELLED, reason=why, staging=None)
         self._finish_load(e, h, meta, f)

@@ -1,5 +1,8 @@
-"""The fault matrix as tests: every fault ends with 0 wrong outputs, 0 crashes, and the
-tier doing what the issue specifies (miss / refusal / cancel / sweep)."""
+"""The fault matrix as tests: every fault ends with 0 wrong outputs, 0 crashes, 0 unnamed
+exceptions, 0 hangs, 0 intact entries lost, and the tier doing what the issue specifies
+(miss / refusal / cancel / sweep)."""
+import threading
+import time
 import json
 import os
 import subprocess
@@ -8,25 +11,57 @@ import sys
 import pytest
 import torch
 
-from hybridkv.disk import faults, faults_proc
+from hybridkv.disk import BadInput, faultkit, faults, faults_proc, faults_tier
 from hybridkv.disk.loader import LoadResult, LoadStatus
 from redis_server import require_redis_server
 
-SCENARIOS = faults.LOCAL + [faults_proc.crash_before_rename, faults_proc.two_process_race]
+SCENARIOS = faults.LOCAL + faults_tier.TIER + [faults_proc.crash_before_rename,
+                                               faults_proc.two_process_race,
+                                               faults_proc.version_skew]
+COUNTS = ("wrong_outputs", "crashes", "unnamed_exceptions", "hangs", "intact_lost")
+
+
+def clean(row):
+    return all(getattr(row, f) == 0 for f in COUNTS) and row.expected and not row.bad
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
 def test_fault_row(tmp_path, scenario):
     row = scenario(str(tmp_path))
-    assert (row.wrong_outputs, row.crashes) == (0, 0), row
-    assert row.expected, row
+    assert clean(row) and row.trials > 0, row
+
+
+def test_hung_backend_row_measures_latency_under_the_goal(tmp_path):
+    row = faults_tier.hung_backend(str(tmp_path), rounds=5)
+    assert clean(row) and 0 < row.max_latency_ms < 50, row
 
 
 def test_redis_connection_lost_mid_load(tmp_path):
     require_redis_server()
     row = faults_proc.redis_conn_lost(str(tmp_path))
-    assert (row.wrong_outputs, row.crashes, row.expected) == (0, 0, True), row
+    assert clean(row), row
     assert "server killed: io:" in row.outcome
+
+
+def test_full_redis_row(tmp_path):
+    require_redis_server()
+    row = faults_tier.redis_full(str(tmp_path))
+    assert clean(row) and row.trials >= 9, row
+
+
+def test_counter_counts_hangs_and_unnamed_exceptions_without_waiting():
+    c, ev = faultkit.Counter(deadline=0.2), threading.Event()
+    t0 = time.monotonic()
+    assert c.call(ev.wait, 30) is None and time.monotonic() - t0 < 5
+    c.call(lambda: {}["missing"])                      # KeyError: unnamed
+
+    def named():
+        raise BadInput("x", 1)
+    c.call(named)
+    ev.set()
+    assert (c.hangs, c.crashes, c.unnamed) == (1, 2, 1)
+    row = c.row("r", "o", True)
+    assert row.bad and row.as_json()["hangs"] == 1
 
 
 class _LyingTier:
@@ -56,8 +91,10 @@ def test_cli_prints_one_json_object_with_every_row(tmp_path):
                        capture_output=True, text=True, timeout=240, env=env)
     out = json.loads(p.stdout)
     assert set(out) == {"faults", "load_bandwidth_ratio"} and p.returncode == 0, p.stderr
-    assert len(out["faults"]) == 10 and out["load_bandwidth_ratio"] > 0
+    assert len(out["faults"]) == 15 and out["load_bandwidth_ratio"] > 0
     for row in out["faults"]:
-        assert set(row) == {"name", "outcome", "wrong_outputs", "crashes"}
-        assert row["wrong_outputs"] == 0 and row["crashes"] == 0, row
+        assert set(row) == {"name", "outcome", "trials", "max_latency_ms", *COUNTS}
+        assert all(row[f] == 0 for f in COUNTS), row
         assert not row["outcome"].startswith("UNEXPECTED"), row
+    hung = next(r for r in out["faults"] if r["name"].startswith("hung backend"))
+    assert 0 < hung["max_latency_ms"] < 50

@@ -141,7 +141,7 @@ def test_abi_mismatch_is_a_miss_that_keeps_the_file(tmp_path):
     r = t.load(k(0), dst, M._replace(abi=4))
     assert r.status is LoadStatus.MISS and r.reason.startswith("mismatch")
     assert bool((dst == 7.0).all()) and files(tmp_path) == [k(0) + ".hkv"]
-    assert t.load(k(0), dst, M).ok and torch.equal(dst, x(0))   # re-adopted from disk
+    assert t.load(k(0), dst, M).ok and torch.equal(dst, x(0))   # the entry was kept
 
 
 def test_missing_file_is_a_miss_not_an_exception(tmp_path):
@@ -175,11 +175,13 @@ def test_existing_key_is_not_rewritten(tmp_path):
     assert os.stat(tmp_path / (k(0) + ".hkv")).st_ino == ino
 
 
-def test_other_tier_on_same_directory_sees_new_objects(tmp_path):
+def test_other_tier_on_same_directory_sees_new_objects_after_refresh(tmp_path):
     a, b = DiskTier(tmp_path, 1 << 24), DiskTier(tmp_path, 1 << 24)
     a.spill(k(0), x(0), M)
     dst = torch.zeros(1024)
-    assert b.load(k(0), dst, M).ok and torch.equal(dst, x(0)) and b.stats["adopted"] == 1
+    assert b.load(k(0), dst, M).reason == "absent"        # queries never adopt
+    assert b.refresh() == 1 and b.stats["adopted"] == 1
+    assert b.load(k(0), dst, M).ok and torch.equal(dst, x(0))
 
 
 def test_many_concurrent_loads_return_their_own_data(tmp_path):
@@ -196,9 +198,9 @@ def test_states_are_the_spec_machine_states_and_illegal_moves_raise(tmp_path):
     assert STATE_NAMES == {s.value: s.id for s in DiskPrefixMachine.states}
     t = DiskTier(tmp_path, 1 << 24)
     t.spill(k(0), x(0), M)
-    e = t._idx[k(0)]
+    e = t._index.get(k(0))
     with pytest.raises(IllegalTransition):
-        t._go(e, "load_ok")
+        t._index.go(e, "load_ok")
     assert t.state(k(0)) == "on_disk"
 
 

@@ -5,8 +5,10 @@ import tempfile
 
 NAME = "faults"
 HELP = ("Inject disk/Redis faults (EIO, ENOSPC, bit flips, truncation, crash before rename, "
-        "recycled destination, racing processes, lost Redis) and report wrong outputs and "
-        "crashes per fault, plus load vs sequential-read bandwidth.")
+        "recycled destination, racing processes, lost Redis, transient read errors, FIFO / "
+        "symlink / device files, hung backend, full Redis, format-version skew) and report "
+        "per fault: trials, wrong outputs, crashes, unnamed exceptions, hangs, intact entries "
+        "lost, plus load vs sequential-read bandwidth.")
 
 
 def add_arguments(parser):
@@ -25,15 +27,18 @@ def run(args):
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         b = benchmark(d, args.bench_objects, args.bench_object_mib << 20)
     out = {"faults": [r.as_json() for r in rows], "load_bandwidth_ratio": b.load_bandwidth_ratio}
-    bad = any(r.wrong_outputs or r.crashes or not r.expected for r in rows)
+    bad = any(r.bad for r in rows)
     if args.json:
         print(json.dumps(out))
     else:
         w = max(len(r.name) for r in rows)
-        print(f"{'fault':<{w}}  wrong  crashes  outcome")
+        print(f"{'fault':<{w}}  trials  wrong  crashes  unnamed  hangs  lost  max ms  outcome")
         for r in rows:
             j = r.as_json()
-            print(f"{r.name:<{w}}  {r.wrong_outputs:>5}  {r.crashes:>7}  {j['outcome']}")
+            ms = "-" if r.max_latency_ms is None else f"{r.max_latency_ms:.2f}"
+            print(f"{r.name:<{w}}  {r.trials:>6}  {r.wrong_outputs:>5}  {r.crashes:>7}  "
+                  f"{r.unnamed_exceptions:>7}  {r.hangs:>5}  {r.intact_lost:>4}  {ms:>6}  "
+                  f"{j['outcome']}")
     print(f"\nspill {b.spill_bytes_per_s / 1e6:.0f} MB/s, load {b.load_bytes_per_s / 1e6:.0f}"
           f" MB/s, sequential read {b.seq_read_bytes_per_s / 1e6:.0f} MB/s, ratio "
           f"{b.load_bandwidth_ratio:.2f} ({b.n_objects} x {b.object_bytes >> 20} MiB; page "

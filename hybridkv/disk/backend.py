@@ -5,16 +5,30 @@ Contract for every backend:
   a reader sees either the previous complete blob, the new complete blob, or nothing --
   never a prefix.  Any failure raises OSError and leaves no published partial blob.
 - ``open_read(name)`` returns a reader (``read_into(offset, buf) -> bytes read``, short at
-  the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, other
-  failures OSError.  Local readers read one file version even if it is replaced meanwhile.
+  the end of the blob; ``close()``).  A missing blob raises FileNotFoundError, a name
+  that is not a plain blob (FIFO, device, symlink, directory, a Redis key of another type)
+  NotRegular -- without blocking, following or touching it -- other failures OSError.
+  Local readers read one file version even if it is replaced meanwhile.
 - ``size``/``names``/``remove``/``sweep_temp`` raise only OSError.  ``remove`` of a missing
-  name is not an error.  ``sweep_temp`` deletes leftovers of crashed writers, returns a count.
+  name is not an error; ``remove`` of a name that is not a plain blob raises NotRegular.
+  ``sweep_temp`` deletes leftovers of crashed writers (regular files only), returns a count.
+- Optional ``list_blobs() -> (names, skipped)``: ``names()`` plus how many entries were
+  left out because they are not plain blobs (FIFO, device, symlink, directory).
 Backends know nothing of headers or checksums; the tier verifies everything it reads.
 """
 import errno
 import threading
 import time
 from typing import Protocol, runtime_checkable
+
+
+class NotRegular(OSError):
+    """A blob name that holds something else (FIFO, device, symlink, directory ...): never
+    opened for reading in a blocking way, never followed, never deleted."""
+
+    def __init__(self, name, what):
+        super().__init__(errno.EINVAL, f"not a regular blob ({what})", name)
+        self.what = what
 
 
 @runtime_checkable
@@ -27,6 +41,12 @@ class StorageBackend(Protocol):
     def names(self) -> list: ...
     def remove(self, name: str) -> None: ...
     def sweep_temp(self) -> int: ...
+
+
+def list_blobs(backend):
+    """(names, skipped) from ``backend.list_blobs()``, or (names(), 0) without it."""
+    fn = getattr(backend, "list_blobs", None)
+    return fn() if fn is not None else (backend.names(), 0)
 
 
 def read_exact(reader, offset, n):
@@ -73,6 +93,10 @@ class HookedBackend:
         self.hook("names", "")
         return self.inner.names()
 
+    def list_blobs(self):
+        self.hook("names", "")
+        return list_blobs(self.inner)
+
     def remove(self, name):
         self.hook("remove", name)
         return self.inner.remove(name)
@@ -113,9 +137,12 @@ def fail_on(op, err=errno.EIO, times=1 << 30, after=0):
 
 
 def gate(op, event, timeout=10.0):
-    """A hook that blocks ``op`` until ``event`` is set (holds a load in flight)."""
+    """A hook that blocks ``op`` (one name or a collection of them) until ``event`` is set
+    (holds a load in flight, or hangs the whole backend)."""
+    ops = {op} if isinstance(op, str) else set(op)
+
     def hook(o, name):
-        if o == op and not event.wait(timeout):
+        if o in ops and not event.wait(timeout):
             raise OSError(errno.ETIMEDOUT, "gate never opened", name)
     return hook
 

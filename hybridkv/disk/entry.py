@@ -1,10 +1,9 @@
-"""Disk-tier entries, results and named errors; one entry rebuilt from a header alone."""
+"""Disk-tier entries, results and named errors."""
 from dataclasses import dataclass, field
 import time
 from typing import NamedTuple
 
-from hybridkv.disk.backend import read_head
-from hybridkv.disk.format import HEADER_MAX, CorruptObject, DiskError, decode_header, key_of
+from hybridkv.disk.format import DiskError
 from hybridkv.disk.loader import LoadHandle, disk_rec
 from spec.disk import DiskPrefixMachine as M
 
@@ -55,26 +54,3 @@ class Entry:
 
 def rec(hdr_ok=1, ck_ok=1, abi=0, off=0, st=0):
     return disk_rec(st=st, hdr=hdr_ok, ck=ck_ok, abi=abi, off=off)
-
-
-def read_entry(backend, name, stats):
-    """An on_disk Entry from a published file's header alone, or None.  A file whose header
-    is damaged, names another key or is shorter than it claims is removed."""
-    key = key_of(name)
-    if key is None:
-        return None
-    try:
-        hdr = decode_header(read_head(backend, name, HEADER_MAX))
-        size = backend.size(name)
-        if hdr.key != key or size < hdr.payload_off + hdr.payload_len:
-            raise CorruptObject("header/name or length mismatch", name)
-    except CorruptObject:
-        stats["corrupt_removed"] += 1
-        try:
-            backend.remove(name)
-        except OSError:
-            pass
-        return None
-    except OSError:
-        return None
-    return Entry(key, ON_DISK, size, hdr)

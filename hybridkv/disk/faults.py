@@ -1,78 +1,22 @@
-"""The disk tier's fault matrix: each scenario injects one fault through a FileOps subclass
-or a HookedBackend (never by patching globals) and counts, from the caller's side:
-wrong_outputs -- a VERIFIED load whose destination differs from what was spilled, or a
-non-verified load that changed the destination; crashes -- an exception out of the tier's
-API (or a dead reader process).  Every row must end with 0 and 0."""
+"""The disk tier's fault matrix, file faults: each scenario injects one fault through a
+FileOps subclass or a HookedBackend (never by patching globals) and counts, from the
+caller's side, what hybridkv.disk.faultkit lists.  Every count must end at 0."""
 import errno
 import os
 import tempfile
-from typing import NamedTuple
+import threading
 
 import torch
 
 from hybridkv.disk.backend import HookedBackend, gate
-from hybridkv.disk.format import DiskMeta, file_name
+from hybridkv.disk.faultkit import META, SENTINEL, Counter, FaultRow, key_for, payload
+from hybridkv.disk.format import file_name
 from hybridkv.disk.loader import LoadStatus
 from hybridkv.disk.local import FileOps, LocalBackend
 from hybridkv.disk.tier import DiskTier
 
-META = DiskMeta("compressed_kv", abi=11, tok_lo=0, tok_hi=256)
-SENTINEL = -12345.0
-
-
-class FaultRow(NamedTuple):
-    name: str
-    outcome: str
-    wrong_outputs: int
-    crashes: int
-    expected: bool = True   # the tier behaved as specified (miss / refusal / cancel ...)
-
-    def as_json(self):
-        return {"name": self.name, "outcome": self.outcome if self.expected else
-                f"UNEXPECTED: {self.outcome}", "wrong_outputs": self.wrong_outputs,
-                "crashes": self.crashes}
-
-
-def key_for(i):
-    return f"{i:032x}"
-
-
-def payload(i, n=64 * 1024):
-    g = torch.Generator().manual_seed(1000 + i)
-    return torch.randn(n // 4, generator=g).reshape(-1, 64)
-
-
-class Counter:
-    """Calls the tier like an engine would and counts wrong outputs and crashes."""
-
-    def __init__(self):
-        self.wrong, self.crashes, self.notes = 0, 0, []
-
-    def call(self, fn, *a, **kw):
-        try:
-            return fn(*a, **kw)
-        except Exception as e:    # noqa: BLE001 -- an escaping exception is what we count
-            self.crashes += 1
-            self.notes.append(f"raised {type(e).__name__}: {e}")
-            return None
-
-    def load(self, tier, key, orig, meta=META, allowed=None):
-        dest = torch.full_like(orig, SENTINEL)
-        r = self.call(tier.load, key, dest, meta, 10.0)
-        if r is None:
-            return None
-        if r.ok:
-            ok = torch.equal(dest, orig) if allowed is None else \
-                any(torch.equal(dest, a) for a in allowed)
-            self.wrong += not ok
-        else:
-            self.wrong += not bool((dest == SENTINEL).all())
-        return r
-
-    def row(self, name, outcome, expected):
-        if self.notes:
-            outcome += "; " + "; ".join(self.notes[:3])
-        return FaultRow(name, outcome, self.wrong, self.crashes, bool(expected))
+__all__ = ["LOCAL", "META", "SENTINEL", "Counter", "FaultRow", "key_for", "payload",
+           "run_local"]
 
 
 class FaultyOps(FileOps):
@@ -106,12 +50,13 @@ def eio_read(d):
     c.call(tier.spill, key_for(1), x, META)
     ops.read_err = errno.EIO
     r = c.load(tier, key_for(1), x)
-    gone = tier.state(key_for(1)) == "absent"
+    kept = tier.state(key_for(1)) == "on_disk"
+    c.intact_lost += not kept
     ops.read_err = None
-    again = c.load(DiskTier(d, 1 << 24), key_for(1), x)   # the file itself was fine
-    ok = r is not None and r.status is LoadStatus.MISS and gone and again and again.ok
-    return c.row("EIO on read", f"miss ({r and r.reason}), entry invalidated; "
-                 f"after the fault a restart loads it: {again and again.status.value}", ok)
+    again = c.load(tier, key_for(1), x)          # the file itself was fine
+    ok = r is not None and r.status is LoadStatus.MISS and kept and again and again.ok
+    return c.row("EIO on read", f"miss ({r and r.reason}), entry kept on_disk; after the "
+                 f"fault the same tier loads it: {again and again.status.value}", ok)
 
 
 def _write_fault(d, name, err, partial):
@@ -147,6 +92,8 @@ def _damage_rows(d, name, positions_fn, damage):
     positions = c.call(positions_fn, tier, path) or []
     for pos in positions:
         tier.discard(key_for(3))
+        if os.path.exists(path):     # a flipped version field is kept by the tier (it may be
+            os.unlink(path)          # another version's blob): the harness clears it
         c.call(tier.spill, key_for(3), x, META)
         c.call(damage, path, pos)
         r = c.load(tier, key_for(3), x)
@@ -157,7 +104,8 @@ def _damage_rows(d, name, positions_fn, damage):
     c.call(tier.spill, key_for(3), x, META)
     c.call(damage, path, positions[-1])
     fresh = DiskTier(d, 1 << 24)    # a restart must not index a damaged file either
-    misses -= any(not str(r).startswith("corrupt") for r in reasons)   # only corruption
+    misses -= any(not str(r).startswith(("corrupt", "other format version"))
+                  for r in reasons)                 # only corruption (or version skew)
     return c, cases, misses, fresh, sorted(map(str, reasons))
 
 
@@ -176,7 +124,8 @@ def bitflip_payload(d):
     c, n, m, fresh, why = _damage_rows(d, "", positions, _flip)
     ok = n == 4 and m == n and fresh.state(key_for(3)) == "on_disk"
     return c.row("bit flip in payload", f"{m}/{n} loads missed {why}, files removed "
-                 "(restart indexes by header only; the checksum is checked at load)", ok)
+                 "(restart indexes by header only; the checksum is checked at load)", ok,
+                 trials=n)
 
 
 def bitflip_header(d):
@@ -186,8 +135,9 @@ def bitflip_header(d):
         return [0, 9, 13, 20, end // 2, end - 20, end - 1]
     c, n, m, fresh, why = _damage_rows(d, "", positions, _flip)
     ok = n == 7 and m == n and fresh.state(key_for(3)) == "absent"
-    return c.row("bit flip in header", f"{m}/{n} loads missed {why}; restart does not "
-                 "index it", ok)
+    return c.row("bit flip in header", f"{m}/{n} loads missed {why} (a flipped version "
+                 "field reads as another version: kept, never used); restart does not "
+                 "index it", ok, trials=n)
 
 
 def truncated(d):
@@ -200,13 +150,13 @@ def truncated(d):
     c, n, m, fresh, why = _damage_rows(d, "", positions, cut)
     ok = n == 6 and m == n and fresh.state(key_for(3)) == "absent"
     return c.row("truncated file", f"{m}/{n} truncation points missed {why}; restart "
-                 "skips it", ok)
+                 "skips it", ok, trials=n)
 
 
 def dest_recycled(d):
     """The destination block is recycled while its load waits on I/O: by cancel() and by
     the still_valid() re-check; the new owner's bytes must survive."""
-    c, x, ev = Counter(), payload(4), __import__("threading").Event()
+    c, x, ev = Counter(), payload(4), threading.Event()
     tier = DiskTier(d, 1 << 24, backend=HookedBackend(LocalBackend(d), gate("read", ev)))
     c.call(tier.spill, key_for(4), x, META)
     outcomes = []
@@ -232,7 +182,8 @@ def dest_recycled(d):
     ok = len(outcomes) == 2 and all(outcomes) and r is not None and r.ok
     return c.row("destination evicted/recycled while a load is in flight",
                  "cancelled both ways (cancel(), still_valid re-check); new owner's bytes "
-                 f"intact; entry back on disk, reload {r and r.status.value}", ok)
+                 f"intact; entry back on disk, reload {r and r.status.value}", ok,
+                 trials=len(outcomes))
 
 
 LOCAL = [eio_read, eio_write, enospc, bitflip_payload, bitflip_header, truncated,

@@ -1,15 +1,19 @@
 """Fault-matrix rows that need other processes or a Redis server: a writer killed between
-write and rename, two processes racing on one key, Redis lost mid-load.  Children are
-started with the multiprocessing "spawn" method (fresh interpreters, no shared state)."""
+write and rename, two processes racing on one key, Redis lost mid-load, two processes of
+different format versions sharing a directory.  Children are started with the
+multiprocessing "spawn" method (fresh interpreters, no shared state)."""
 import multiprocessing as mp
 import os
+import queue
 import tempfile
 import time
 
 import torch
 
 from hybridkv.disk.backend import HookedBackend
+from hybridkv.disk import format as fmt
 from hybridkv.disk.faults import LOCAL, META, Counter, FaultRow, key_for, payload
+from hybridkv.disk.faults_tier import TIER, redis_full
 from hybridkv.disk.loader import LoadStatus
 from hybridkv.disk.local import FileOps, LocalBackend
 from hybridkv.disk.redis_backend import RedisServer
@@ -44,6 +48,7 @@ def crash_before_rename(d):
     p = ctx.Process(target=_crashing_writer, args=(d, 5))
     p.start()
     p.join(60)
+    c.hangs += _reap(p)
     temps = [f for f in os.listdir(d) if f.startswith(".tmp-")]
     tier = c.call(DiskTier, d, 1 << 24)
     swept = tier.stats["temp_swept"] if tier else 0
@@ -72,6 +77,7 @@ def two_process_race(d, rounds=40):
     barrier.wait(60)
     deadline = time.monotonic() + 120
     while (any(p.is_alive() for p in procs) or n < 20) and time.monotonic() < deadline:
+        c.call(tier.refresh)       # adopt what the writers published (as the manager does)
         r = c.load(tier, key_for(6), a, allowed=(a, b))
         n += 1
         hits += bool(r and r.ok)
@@ -79,6 +85,7 @@ def two_process_race(d, rounds=40):
             reasons.add(r.reason)
     for p in procs:
         p.join(30)
+        c.hangs += _reap(p)
     c.crashes += sum(p.exitcode != 0 for p in procs)
     final = c.load(DiskTier(d, 1 << 26), key_for(6), a, allowed=(a, b))
     ok = final is not None and final.ok and all(p.exitcode == 0 for p in procs)
@@ -110,6 +117,7 @@ def redis_conn_lost(_d):
         # 1) the server drops our connection mid-load (CLIENT KILL of every normal client)
         action["what"] = lambda: admin.client_kill_filter(_type="normal", skipme=True)
         r1 = c.load(tier, key_for(7), x)
+        c.intact_lost += c.call(tier.state, key_for(7)) not in ("on_disk", "verified")
         # 2) the server dies mid-load
         reads[0], action["what"] = 0, srv.kill
         r2 = c.load(tier, key_for(8), payload(8))
@@ -128,13 +136,85 @@ def redis_conn_lost(_d):
                  f"spill with server down refused ({s and s.reason})", ok)
 
 
-PROC = [crash_before_rename, two_process_race, redis_conn_lost]
+def _reap(p):
+    """1 (a hang) if the child is still running after its deadline; it is killed."""
+    if not p.is_alive():
+        return 0
+    p.kill()
+    p.join(10)
+    return 1
+
+
+def _other_version_child(d, q):
+    fmt.FORMAT_VERSION += 1        # this process writes and reads the next format version
+    c = Counter()
+    t = c.call(DiskTier, d, 1 << 24)
+    out = {"indexed": [], "skipped": 0, "adopted": -1, "theirs": None, "overwrote": None,
+           "own": None}
+    if t is not None:
+        out.update(indexed=t.keys(), skipped=t.stats["scan_other_version"],
+                   adopted=c.call(t.refresh))
+        r = c.load(t, key_for(10), payload(10))
+        out["theirs"] = r and r.status.value
+        s = c.call(t.spill, key_for(10), payload(10), META)
+        out["overwrote"] = bool(s and s.ok)
+        c.call(t.spill, key_for(20), payload(20), META)
+        r = c.load(t, key_for(20), payload(20))
+        out["own"] = bool(r and r.ok)
+        c.call(t.close)
+    out.update(counts=(c.wrong, c.crashes, c.unnamed, c.hangs, c.trials))
+    q.put(out)
+
+
+def version_skew(d):
+    """A process of format version N+1 opens the directory of a version-N process, loads,
+    spills and refreshes; then the version-N process refreshes and restarts: neither may
+    delete, overwrite or use the other's blobs."""
+    c, ctx = Counter(), mp.get_context("spawn")
+    tier = DiskTier(d, 1 << 24)
+    for i in (10, 11):
+        c.call(tier.spill, key_for(i), payload(i), META)
+    q = ctx.Queue()
+    p = ctx.Process(target=_other_version_child, args=(d, q))
+    p.start()
+    try:
+        got = q.get(timeout=120)
+    except queue.Empty:
+        got = {"counts": (0, 0, 0, 1, 0)}
+    p.join(30)
+    c.hangs += _reap(p)
+    wrong, crashes, unnamed, hangs, trials = got["counts"]
+    c.wrong, c.crashes, c.unnamed, c.hangs = (c.wrong + wrong, c.crashes + crashes,
+                                              c.unnamed + unnamed, c.hangs + hangs)
+    c.crashes += p.exitcode != 0
+    adopted = c.call(tier.refresh)
+    ours = [c.load(tier, key_for(i), payload(i)) for i in (10, 11)]
+    fresh = c.call(DiskTier, d, 1 << 24)
+    names = sorted(os.listdir(d))
+    c.intact_lost += sum(not (r and r.ok) for r in ours) + (not got.get("own"))
+    c.intact_lost += sum(key_for(i) + ".hkv" not in names for i in (10, 11, 20))
+    ok = (got.get("indexed") == [] and got.get("skipped") == 2 and got.get("adopted") == 0
+          and got.get("theirs") == "miss" and got.get("overwrote") is False
+          and adopted == 0 and fresh is not None and sorted(fresh.keys()) ==
+          [key_for(10), key_for(11)] and fresh.stats["scan_other_version"] == 1)
+    return c.row("format-version skew, two processes",
+                 f"version {fmt.FORMAT_VERSION + 1} process skipped {got.get('skipped')} "
+                 f"version-{fmt.FORMAT_VERSION} blobs, their load {got.get('theirs')}, "
+                 f"overwrite refused: {got.get('overwrote') is False}; back here refresh "
+                 f"adopted {adopted}, restart skipped "
+                 f"{fresh.stats['scan_other_version'] if fresh else '-'}; files: {len(names)}",
+                 ok, trials=trials + c.trials + 2)
+
+
+PROC = [crash_before_rename, two_process_race, redis_conn_lost, version_skew]
 
 
 def run_all(base=None):
-    """Every row of the matrix, in the issue's order."""
+    """Every row of the matrix: the file faults, the process and Redis faults, then the
+    tier-level rows."""
     rows = []
-    for fn in LOCAL[:6] + [crash_before_rename] + LOCAL[6:] + PROC[1:]:
+    for fn in LOCAL[:6] + [crash_before_rename] + LOCAL[6:] + PROC[1:3] + TIER + \
+            [redis_full, version_skew]:
         with tempfile.TemporaryDirectory(dir=base) as d:
             rows.append(fn(d))
     return rows

@@ -9,6 +9,7 @@ The payload checksum (xxh3_128, hex) lives in the JSON; it is verified before an
 reaches a caller's tensor.  File names come only from validated hex keys.
 """
 import json
+import math
 import re
 import struct
 import time
@@ -54,6 +55,17 @@ class CorruptObject(DiskError):
     def __init__(self, reason, value=None):
         super().__init__(f"{reason}: {value!r}")
         self.reason, self.value = reason, value
+
+
+class OtherVersion(DiskError):
+    """A blob of another format version (magic ours, version not): written by an older or
+    newer process sharing the directory or Redis prefix.  Not damage: it is never indexed,
+    never loaded and never deleted.  (A bit flip in the version field looks the same, so
+    such a blob is kept too: it costs space, never correctness.)"""
+
+    def __init__(self, version):
+        super().__init__(f"blob of format version {version}, ours is {FORMAT_VERSION}")
+        self.version = version
 
 
 class DiskMeta(NamedTuple):
@@ -122,6 +134,25 @@ def check_meta(meta):
         raise BadInput("tok_lo > tok_hi", (meta.tok_lo, meta.tok_hi))
 
 
+def check_tensor(t):
+    """A strided tensor with real storage (any device but "meta"), or BadInput."""
+    if not isinstance(t, torch.Tensor):
+        raise BadInput("object must be a torch.Tensor", type(t).__name__)
+    if t.layout is not torch.strided or t.device.type == "meta":
+        raise BadInput("tensor must be strided with storage", (t.layout, t.device.type))
+    return t
+
+
+def check_timeout(timeout):
+    """None (wait forever) or a finite number of seconds >= 0, else BadInput."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout < 0:
+        raise BadInput("timeout must be None or a finite number >= 0", timeout)
+    return timeout
+
+
 def dtype_name(t):
     name = str(t.dtype).removeprefix("torch.")
     if name not in DTYPES:
@@ -156,7 +187,8 @@ def _int(body, f, lo=0, hi=2 ** 63):
 
 
 def decode_header(buf):
-    """Parse and verify a header from the first bytes of a file.  Raises CorruptObject."""
+    """Parse and verify a header from the first bytes of a file.  Raises OtherVersion for
+    another format version, CorruptObject for any damage."""
     buf = bytes(buf[:HEADER_MAX])
     if len(buf) < _PREFIX.size:
         raise CorruptObject("truncated header", len(buf))
@@ -164,7 +196,7 @@ def decode_header(buf):
     if magic != MAGIC:
         raise CorruptObject("bad magic", magic)
     if ver != FORMAT_VERSION:
-        raise CorruptObject("unsupported format version", ver)
+        raise OtherVersion(ver)       # its layout is not ours to judge: never "corrupt"
     end = _PREFIX.size + n
     if end + 16 > len(buf):
         raise CorruptObject("truncated header", len(buf))

@@ -2,14 +2,16 @@
 into the caller's preallocated tensor.  Every failure becomes a LoadResult, never an
 exception on the caller's side and never a byte of unverified data in the destination."""
 import enum
+import errno
 import threading
 import time
 from typing import NamedTuple
 
 import torch
 
-from hybridkv.disk.backend import read_exact
-from hybridkv.disk.format import HEADER_MAX, CorruptObject, checksum, decode_header
+from hybridkv.disk.backend import NotRegular, read_exact
+from hybridkv.disk.format import HEADER_MAX, CorruptObject, OtherVersion, check_timeout, \
+    checksum, decode_header
 from spec.disk import DiskRec, DiskPrefixMachine, can_load_ok
 
 
@@ -82,7 +84,9 @@ class LoadHandle:
         return self._done.is_set()
 
     def result(self, timeout=None):
-        """The LoadResult, or None when it is not ready within ``timeout`` seconds."""
+        """The LoadResult, or None when it is not ready within ``timeout`` seconds (None or
+        a finite number >= 0; anything else raises BadInput)."""
+        check_timeout(timeout)
         return self._result if self._done.wait(timeout) else None
 
     def _finish(self, result):
@@ -122,30 +126,72 @@ class NotOurs(CorruptObject):
     """Intact object that is not the one asked for (other ABI, kind, shape, range)."""
 
 
+class Outcome(enum.Enum):
+    """What one read of a blob found, and so what the tier does with its entry."""
+    VERIFIED = "verified"    # header and checksum verified (the copy out is still to come)
+    CANCELLED = "cancelled"  # cancelled before the copy: entry stays on_disk
+    TRANSIENT = "io"         # I/O error, timeout, lost connection, out of memory: stays
+    MISMATCH = "mismatch"    # intact, ours, but not what was asked for: stays
+    GONE = "gone"            # no blob of ours under that name any more: forget, keep the file
+    CORRUPT = "corrupt"      # damaged in our own format: forget and delete
+
+
+class Fetched(NamedTuple):
+    outcome: Outcome
+    reason: str
+    staging: object = None   # verified payload bytes (VERIFIED only)
+    hdr: object = None       # decoded header, when it decoded
+    head: bytes = None       # the raw header bytes read (what a deletion re-checks)
+    seconds: float = 0.0
+
+
 def fetch_verified(backend, name, key, expect, dest, handle):
-    """Read and verify one object through one reader; return (staging or None when
-    cancelled, header, seconds) or raise CorruptObject / OSError.  ``expect`` is a
-    DiskMeta; ``dest`` gives dtype and shape."""
-    reader = backend.open_read(name)
+    """Read and verify one object through one reader; never raises.  ``expect`` is a
+    DiskMeta; ``dest`` gives dtype and shape; ``handle`` is polled for cancellation."""
+    t0, head, hdr = time.perf_counter(), None, None
+
+    def out(outcome, reason, staging=None):
+        return Fetched(outcome, reason, staging, hdr, head, time.perf_counter() - t0)
     try:
-        return _fetch(reader, key, expect, dest, handle)
-    finally:
-        reader.close()
+        reader = backend.open_read(name)
+        try:
+            head = bytes(read_exact(reader, 0, HEADER_MAX))
+            hdr = decode_header(head)             # raises CorruptObject on any damage
+            staging = _fetch(reader, hdr, key, expect, dest, handle)
+        finally:
+            reader.close()
+    except FileNotFoundError:
+        return out(Outcome.GONE, "missing")
+    except NotRegular as x:
+        return out(Outcome.GONE, f"not a regular blob: {x.what}")
+    except OtherVersion as x:
+        return out(Outcome.GONE, f"other format version: {x.version}")
+    except NotOurs as x:
+        return out(Outcome.MISMATCH, f"mismatch: {x.reason}")
+    except CorruptObject as x:
+        return out(Outcome.CORRUPT, f"corrupt: {x.reason}")
+    except OSError as x:
+        return out(Outcome.TRANSIENT, f"io: {errno.errorcode.get(x.errno, type(x).__name__)}")
+    except Exception as x:   # noqa: BLE001 -- a bug must not kill the loader or cost the entry
+        return out(Outcome.TRANSIENT, f"internal: {type(x).__name__}: {x}")
+    if staging is None:
+        return out(Outcome.CANCELLED, "cancelled")
+    return out(Outcome.VERIFIED, "verified", staging)
 
 
-def _fetch(reader, key, expect, dest, handle):
-    t0 = time.perf_counter()
-    raw = read_exact(reader, 0, HEADER_MAX)
-    hdr, hdr_ok = decode_header(raw), True   # raises CorruptObject on any header damage
-    want = (key, expect.kind, str(dest.dtype).removeprefix("torch."), tuple(dest.shape),
+def _fetch(reader, hdr, key, expect, dest, handle):
+    """The verified payload in this thread's staging buffer, or None when cancelled."""
+    if hdr.key != key:
+        raise CorruptObject("header names another key", hdr.key)
+    want = (expect.kind, str(dest.dtype).removeprefix("torch."), tuple(dest.shape),
             expect.tok_lo, expect.tok_hi)
-    got = (hdr.key, hdr.kind, hdr.dtype, hdr.shape, hdr.tok_lo, hdr.tok_hi)
+    got = (hdr.kind, hdr.dtype, hdr.shape, hdr.tok_lo, hdr.tok_hi)
     if want != got:
         raise NotOurs("header does not describe the requested object", (got, want))
-    if not load_verdict(hdr_ok, hdr.abi, hdr.payload_off, True, expect.abi):
+    if not load_verdict(True, hdr.abi, hdr.payload_off, True, expect.abi):
         raise NotOurs("ABI id or payload alignment rejected", (hdr.abi, hdr.payload_off))
     if handle.cancelled:
-        return None, hdr, time.perf_counter() - t0
+        return None
     staging = _staging(hdr.payload_len)
     mv, got_n, step = memoryview(staging.numpy()), 0, 4 << 20
     while got_n < hdr.payload_len:
@@ -155,10 +201,10 @@ def _fetch(reader, key, expect, dest, handle):
         got_n += n
         handle.progress = got_n
         if handle.cancelled:
-            return None, hdr, time.perf_counter() - t0
+            return None
     if got_n != hdr.payload_len:
         raise CorruptObject("truncated payload", (got_n, hdr.payload_len))
     ck_ok = checksum(mv) == hdr.payload_ck
-    if not load_verdict(hdr_ok, hdr.abi, hdr.payload_off, ck_ok, expect.abi):
+    if not load_verdict(True, hdr.abi, hdr.payload_off, ck_ok, expect.abi):
         raise CorruptObject("payload checksum mismatch", hdr.payload_ck)
-    return staging, hdr, time.perf_counter() - t0
+    return staging

@@ -1,16 +1,43 @@
 """Local-disk backend: one file per blob under ``root``; publish = temp, fsync, rename, fsync dir.
 
+Only regular files are blobs.  A FIFO, device, symlink or directory under a blob's name is
+never opened for reading in a blocking way (lstat first, then O_NOFOLLOW | O_NONBLOCK and an
+fstat of what was opened), never followed, never replaced and never deleted: reads, sizes
+and removals of it raise NotRegular, and listings leave it out and count it.
+
 All file-system calls go through a ``FileOps`` object so the fault matrix can inject EIO,
 ENOSPC or a crash before rename by passing a subclass -- no global patching.
 """
 import errno
 import os
 import secrets
+import stat
 import threading
 import time
 
+from hybridkv.disk.backend import NotRegular
+
 TEMP_PREFIX = ".tmp-"
 STALE_TEMP_S = 3600.0
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+
+
+def _kind(mode):
+    for test, what in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISDIR, "directory"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return what
+    return "special file"
+
+
+def require_regular(st, name):
+    """``st`` (an os.stat_result) when it is a regular file, else NotRegular."""
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(name, _kind(st.st_mode))
+    return st
 
 
 class FileOps:
@@ -47,8 +74,16 @@ class FileOps:
     def listdir(self, path):
         return os.listdir(path)
 
-    def size(self, path):
-        return os.stat(path).st_size
+    def scandir(self, path):
+        """[(name, is a regular file)] without following symlinks."""
+        with os.scandir(path) as it:
+            return [(d.name, d.is_file(follow_symlinks=False)) for d in it]
+
+    def lstat(self, path):
+        return os.lstat(path)
+
+    def fstat(self, fd):
+        return os.fstat(fd)
 
 
 class _LocalReader:
@@ -99,7 +134,8 @@ class LocalBackend:
         dst = self._path(name)
         tmp = os.path.join(self.root, f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-"
                                       f"{secrets.token_hex(4)}")
-        fd = self.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        self._check_replaceable(dst, name)
+        fd = self.ops.open(tmp, TEMP_FLAGS)
         published = False
         try:
             try:
@@ -123,18 +159,46 @@ class LocalBackend:
                 except OSError:
                     pass
 
+    def _check_replaceable(self, path, name):
+        """A rename may replace a regular file (ours) or nothing, never anything else."""
+        try:
+            require_regular(self.ops.lstat(path), name)
+        except FileNotFoundError:
+            pass
+
     def open_read(self, name):
-        return _LocalReader(self.ops, self.ops.open(self._path(name), os.O_RDONLY))
+        path = self._path(name)
+        require_regular(self.ops.lstat(path), name)      # a FIFO or device is never opened
+        try:
+            fd = self.ops.open(path, READ_FLAGS)
+        except OSError as e:
+            if e.errno == errno.ELOOP:                   # swapped for a symlink meanwhile
+                raise NotRegular(name, "symlink") from None
+            raise
+        try:
+            require_regular(self.ops.fstat(fd), name)    # swapped for a FIFO meanwhile
+        except BaseException:
+            self.ops.close(fd)
+            raise
+        return _LocalReader(self.ops, fd)
 
     def size(self, name):
-        return self.ops.size(self._path(name))
+        return require_regular(self.ops.lstat(self._path(name)), name).st_size
+
+    def list_blobs(self):
+        """(names of regular files, how many other entries were left out); dot-files
+        (temp files) are neither."""
+        entries = [(n, reg) for n, reg in self.ops.scandir(self.root) if not n.startswith(".")]
+        return [n for n, reg in entries if reg], sum(not reg for _, reg in entries)
 
     def names(self):
-        return [n for n in self.ops.listdir(self.root) if not n.startswith(".")]
+        return self.list_blobs()[0]
 
     def remove(self, name):
+        path = self._path(name)
         try:
-            self.ops.unlink(self._path(name))
+            require_regular(self.ops.lstat(path), name)
+            self.ops.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -150,8 +214,9 @@ class LocalBackend:
             except ValueError:
                 pid = -1
             try:
-                old = now - os.stat(path).st_mtime > STALE_TEMP_S
-                if pid <= 0 or not _pid_alive(pid) or old:
+                st = self.ops.lstat(path)
+                old = now - st.st_mtime > STALE_TEMP_S
+                if stat.S_ISREG(st.st_mode) and (pid <= 0 or not _pid_alive(pid) or old):
                     self.ops.unlink(path)
                     n += 1
             except FileNotFoundError:

@@ -1,9 +1,13 @@
 """Redis backend: blobs as Redis strings, so several engine processes share spilled objects.
 
 A blob is published with one SET (atomic in Redis: readers see the old value, the new one
-or nothing).  Reads use GETRANGE inside MULTI/EXEC with EXISTS, so "missing" and "short"
-differ.  Every redis-py error becomes an OSError: to the tier a lost connection is an I/O
-error, i.e. a miss.  Headers and checksums are the tier's business, exactly as on disk.
+or nothing).  Reads are plain GETRANGEs, never MULTI/EXEC: a server at maxmemory with
+noeviction refuses to queue any command of a transaction but still serves reads, so a full
+Redis keeps serving hits.  Only a read that comes back short asks EXISTS, so "missing" and
+"short" differ.  Every redis-py error becomes an OSError (out of memory: ENOSPC, timeout:
+ETIMEDOUT, lost connection: ECONNRESET, else EIO): to the tier it is a transient I/O error,
+i.e. a miss that keeps the entry.  Headers and checksums are the tier's business, exactly as
+on disk.
 """
 import errno
 import shutil
@@ -16,14 +20,23 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from hybridkv.disk.backend import NotRegular
+
 CHUNK = 4 << 20
+
+
+_ERRNO = ((redis.exceptions.OutOfMemoryError, errno.ENOSPC),
+          (redis.TimeoutError, errno.ETIMEDOUT),      # before ConnectionError: not a subclass
+          (redis.ConnectionError, errno.ECONNRESET))
 
 
 def _oserror(e, name):
     if isinstance(e, OSError):
         return e
-    return OSError(errno.ECONNRESET if isinstance(e, redis.ConnectionError) else errno.EIO,
-                   f"redis: {type(e).__name__}: {e}", name)
+    if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE"):
+        return NotRegular(name, "redis key of another type")
+    code = next((c for cls, c in _ERRNO if isinstance(e, cls)), errno.EIO)
+    return OSError(code, f"redis: {type(e).__name__}: {e}", name)
 
 
 class _RedisReader:
@@ -38,14 +51,8 @@ class _RedisReader:
         mv, got = memoryview(buf).cast("B"), 0
         while got < len(mv):
             n, start = min(CHUNK, len(mv) - got), offset + got
-
-            def fetch():
-                p = b.client.pipeline(transaction=True)
-                p.exists(k)
-                p.getrange(k, start, start + n - 1)
-                return p.execute()
-            exists, data = b._call(name, fetch)
-            if not exists:
+            data = b._call(name, lambda: b.client.getrange(k, start, start + n - 1))
+            if len(data) < n and not b._call(name, lambda: b.client.exists(k)):
                 raise FileNotFoundError(errno.ENOENT, "no such blob", name)
             mv[got:got + len(data)] = data
             got += len(data)

@@ -1,43 +1,49 @@
 """DiskTier: spilled copies of cache objects, verified on every load.
 
 Entry states are spec.disk.DiskPrefixMachine's (free, writing, on_disk, loading, verified,
-corrupt) and every transition goes through the spec's compiled table (spec.table.fire),
-so the guards (can_spill_done, can_load_ok) are the spec's own functions.
+corrupt); TierIndex fires every transition through the spec's compiled table, so the guards
+(can_load_ok, ...) are the spec's own functions.
 
 Contract:
-- ``spill`` publishes atomically (temp, fsync, rename, fsync dir) and returns a
-  SpillResult; I/O errors (EIO, ENOSPC, ...) come back as ok=False, never as exceptions.
-- ``load_async`` returns a LoadHandle; its result is VERIFIED only after the header and
-  payload checksum verified and the bytes were copied into the caller's tensor in place.
-  Anything else is a MISS (entry invalidated), CANCELLED or BUSY -- never an exception,
-  never wrong data in the destination.
-- Bad arguments raise a named BadInput and change nothing; a full in-flight budget
-  raises DiskAdmissionRefused and changes nothing.
-- A new DiskTier on the same backend rebuilds its index from headers alone and sweeps
-  temp files of dead writers.  Capacity is enforced by evicting least recently used idle
-  entries (never one that is loading or being written).
+- The tier lock is never held across backend I/O.  ``probe``, ``state``, ``keys``,
+  ``in_flight``, ``used_bytes``, ``cap`` never touch the backend; ``spill_async`` and
+  ``load_async`` only reserve under the lock and hand the I/O to the worker threads, so
+  all of them return at once even while the backend hangs.
+- Blobs other processes publish are adopted only by ``refresh()`` (blocking; the cache
+  manager calls it off its own lock); ``load_async`` of a key not in the index is a MISS
+  "absent".
+- ``spill_async`` copies the tensor's bytes before it returns, then publishes atomically
+  (temp, fsync, rename, fsync dir); I/O errors come back as SpillResult(ok=False), never as
+  exceptions.  ``spill`` waits for that.
+- A load's result is VERIFIED only after the header and payload checksum verified and the
+  bytes were copied into the caller's tensor in place; anything else is a MISS, CANCELLED
+  or BUSY -- never an exception, never unverified bytes in the destination.  A transient
+  error (I/O, timeout, lost connection, out of memory) keeps the entry on_disk; only a copy
+  verified damaged in our own format is dropped and deleted.
+- Bad arguments raise a named BadInput and change nothing; a full in-flight budget raises
+  DiskAdmissionRefused and changes nothing (never blocks).
+- A new DiskTier rebuilds its index from headers alone (as ``refresh``) and sweeps temp
+  files of dead writers.  Capacity evicts least recently used idle entries (never one that
+  is loading or being written).
 """
 import collections
-import errno
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-from hybridkv.disk.entry import (CORRUPT, FREE, LOADING, ON_DISK, STATE_NAMES, VERIFIED,
-                                 WRITING, DiskAdmissionRefused, DiskProbe, Entry,
-                                 IllegalTransition, SpillResult, read_entry)
-from hybridkv.disk.entry import rec as make_rec
-from hybridkv.disk.format import (BadInput, CorruptObject, check_meta, checksum,
-                                  decode_header, dtype_name, encode_header, file_name,
-                                  tensor_bytes, validate_key)
-from hybridkv.disk.loader import (DiskCtx, LoadHandle, LoadResult, LoadStatus, NotOurs,
+from hybridkv.disk.backend import list_blobs
+from hybridkv.disk.blobs import Deleter, inspect_blob
+from hybridkv.disk.entry import (LOADING, ON_DISK, STATE_NAMES, VERIFIED, WRITING,
+                                 DiskAdmissionRefused, DiskProbe, IllegalTransition,
+                                 SpillResult, rec)
+from hybridkv.disk.format import (BadInput, check_meta, check_timeout, file_name, key_of,
+                                  validate_key)
+from hybridkv.disk.index import TierIndex
+from hybridkv.disk.loader import (Fetched, LoadHandle, LoadResult, LoadStatus, Outcome,
                                   fetch_verified)
 from hybridkv.disk.local import LocalBackend
-from spec.disk import DiskPrefixMachine as M
-from spec.table import fire
+from hybridkv.disk.spill import SpillHandle, Writer
 
 __all__ = ["DiskTier", "DiskAdmissionRefused", "DiskProbe", "IllegalTransition",
-           "SpillResult", "STATE_NAMES"]
+           "SpillHandle", "SpillResult", "STATE_NAMES"]
 
 
 class DiskTier:
@@ -51,138 +57,59 @@ class DiskTier:
             raise BadInput("capacity_bytes must be a positive int", capacity_bytes)
         if type(max_in_flight) is not int or max_in_flight <= 0:
             raise BadInput("max_in_flight must be a positive int", max_in_flight)
-        self.backend, self.capacity, self.cap = backend, capacity_bytes, max_in_flight
-        self.cost_model = cost_model
-        self._lock = threading.RLock()
-        self._idx = collections.OrderedDict()   # key -> _Entry, least recently used first
-        self._used = 0
-        self._in_flight = 0
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hkv-disk")
+        self.backend, self.cost_model = backend, cost_model
         self.stats = collections.Counter()
-        self._rebuild()
-
-    # ---- state machine ------------------------------------------------------------------
-    def _go(self, e, event, rec=None, kabi=0):
-        ok, tgt = fire(M, event, e.st, rec or make_rec(st=e.st), DiskCtx(kabi))
-        if not ok:
-            raise IllegalTransition(event, e.st)
-        if e.st in (WRITING, LOADING):
-            self._in_flight -= 1
-        if tgt in (WRITING, LOADING):
-            self._in_flight += 1
-        e.st = tgt
-
-    def _drop(self, e, delete_file):
-        """Invalidate an idle entry (on_disk / verified / corrupt -> free)."""
-        self._go(e, "drop")
-        self._idx.pop(e.key, None)
-        self._used -= e.nbytes
-        if delete_file:
-            try:
-                self.backend.remove(file_name(e.key))
-            except OSError:
-                self.stats["remove_errors"] += 1
-
-    # ---- index ----------------------------------------------------------------------------
-    def _read_entry(self, name):
-        return read_entry(self.backend, name, self.stats)
-
-    def _rebuild(self):
+        self._index = TierIndex(capacity_bytes, max_in_flight)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hkv-disk")
+        self._deleter = Deleter(backend, self._index, self.stats)
+        self._writer = Writer(backend, self._index, self._pool, self.stats, self._deleter)
         try:
-            self.stats["temp_swept"] += self.backend.sweep_temp()
-            names = self.backend.names()
+            self.stats["temp_swept"] += backend.sweep_temp()
         except OSError:
-            names = []
-        found = [e for e in map(self._read_entry, names) if e is not None]
-        with self._lock:
-            for e in sorted(found, key=lambda e: e.hdr.t_ns):
-                self._idx[e.key] = e
-                self._used += e.nbytes
-            self._make_room(0)
+            self.stats["sweep_errors"] += 1
+        self._scan("indexed")
 
-    def _lookup(self, key):
-        """Index entry for ``key``; adopts a blob another process published (shared tier)."""
-        e = self._idx.get(key)
-        if e is None and self.backend.shared:
-            e = self._read_entry(file_name(key))
-            if e is not None:
-                self._idx[key] = e
-                self._used += e.nbytes
-                self.stats["adopted"] += 1
-        return e
+    # ---- queries: never backend I/O ---------------------------------------------------
+    @property
+    def capacity(self):
+        """Bytes the indexed blobs may take (a smaller value applies from the next spill)."""
+        return self._index.capacity
 
-    def _make_room(self, need):
-        """Evict LRU idle entries until ``need`` more bytes fit; False if they cannot."""
-        idle = [e for e in self._idx.values() if e.st in (ON_DISK, VERIFIED, CORRUPT)]
-        if self._used + need - sum(e.nbytes for e in idle) > self.capacity:
-            return False
-        for e in idle:
-            if self._used + need <= self.capacity:
-                break
-            self._drop(e, delete_file=True)
-            self.stats["evicted"] += 1
-        return True
+    @capacity.setter
+    def capacity(self, nbytes):
+        if type(nbytes) is not int or nbytes <= 0:
+            raise BadInput("capacity_bytes must be a positive int", nbytes)
+        self._index.capacity = nbytes
 
-    # ---- public API -------------------------------------------------------------------
+    @property
+    def cap(self):
+        """Objects in flight (writing + loading) at most."""
+        return self._index.cap
+
     @property
     def used_bytes(self):
-        return self._used
+        return self._index.used
 
     @property
     def in_flight(self):
-        return self._in_flight
+        return self._index.in_flight
 
     def keys(self):
-        with self._lock:
-            return list(self._idx)
+        with self._index.lock:
+            return list(self._index.entries)
 
     def state(self, key):
-        with self._lock:
-            e = self._idx.get(validate_key(key))
+        """The entry's spec state id, or "absent"."""
+        validate_key(key)
+        with self._index.lock:
+            e = self._index.get(key)
             return STATE_NAMES[e.st] if e else "absent"
-
-    def spill(self, key, tensor, meta):
-        """Write ``tensor`` (any dtype in format.DTYPES, any shape) as object ``key``."""
-        name = file_name(key)
-        check_meta(meta)
-        dtype_name(tensor)
-        t0 = time.perf_counter()
-        payload = tensor_bytes(tensor)
-        with self._lock:
-            e = self._lookup(key)
-            if e is not None:
-                return SpillResult(key, e.st != WRITING, "exists" if e.st != WRITING else "busy")
-            if self._in_flight >= self.cap:
-                raise DiskAdmissionRefused(self._in_flight, self.cap)
-            head = encode_header(key, meta, tensor, "0" * 32)   # size only; BadInput here
-            size = len(head) + len(payload)
-            if size > self.capacity or not self._make_room(size):
-                return SpillResult(key, False, "no room", size)
-            e = Entry(key, FREE, size)
-            self._go(e, "spill_start")
-            self._idx[key] = e
-            self._used += size
-        try:
-            ck = checksum(payload)
-            head = encode_header(key, meta, tensor, ck)
-            self.backend.put(name, [head, payload])
-        except OSError as err:
-            with self._lock:
-                self._go(e, "spill_crash")
-                self._idx.pop(key, None)
-                self._used -= size
-                self.stats["spill_failed"] += 1
-            return SpillResult(key, False, f"io: {errno.errorcode.get(err.errno, err)}", size)
-        with self._lock:
-            self._go(e, "spill_done", make_rec(1, 1, meta.abi, len(head), e.st))
-            e.hdr = decode_header(head)
-            self.stats["spilled"] += 1
-        return SpillResult(key, True, "written", size, time.perf_counter() - t0)
 
     def probe(self, key, start=0, n_tokens=0):
         """State of ``key`` and, with a cost model, the load / wait / recompute choice."""
-        with self._lock:
-            e = self._lookup(validate_key(key))
+        validate_key(key)
+        with self._index.lock:
+            e = self._index.get(key)
             if e is None:
                 return DiskProbe(key, "absent", 0, None)
             st, nbytes, h = e.st, e.nbytes, e.handle
@@ -192,6 +119,55 @@ class DiskTier:
             dec = self.cost_model.decide(nbytes, start, n_tokens, left)
         return DiskProbe(key, STATE_NAMES[st], nbytes, dec)
 
+    # ---- adoption ----------------------------------------------------------------------
+    def refresh(self):
+        """Adopt blobs other processes published since the index was built or last
+        refreshed; returns how many.  Blocking: lists the backend and reads the new headers
+        without the tier lock, then adopts them under it, oldest first (capacity evicts as
+        for a spill).  A header damaged in our format is deleted."""
+        return self._scan("adopted")
+
+    def _scan(self, counter):
+        try:
+            names, self.stats["not_regular"] = list_blobs(self.backend)
+        except OSError:
+            self.stats["list_errors"] += 1
+            return 0
+        named = {key_of(n): n for n in names if key_of(n) is not None}
+        with self._index.lock:
+            new = [(k, n) for k, n in named.items()
+                   if self._index.get(k) is None and k not in self._index.removing]
+        found = []
+        for key, name in new:
+            got = inspect_blob(self.backend, name)
+            if got.verdict == "ok":
+                found.append(got.entry)
+            elif got.verdict == "corrupt":
+                self._deleter.remove_corrupt(key, got.head, claimed=False)
+            else:
+                self.stats[f"scan_{got.verdict}"] += 1
+        with self._index.lock:
+            n = sum(self._index.adopt(e) for e in sorted(found, key=lambda e: e.hdr.t_ns))
+            evicted = self._index.make_room(0) or []
+        self.stats["evicted"] += len(evicted)
+        self._deleter.remove(evicted)
+        self.stats[counter] += n
+        return n
+
+    # ---- spills ------------------------------------------------------------------------
+    def spill_async(self, key, tensor, meta):
+        """Start writing ``tensor`` (any dtype in format.DTYPES, any shape) as object
+        ``key``; returns a SpillHandle.  The bytes are copied before this returns, so the
+        caller may reuse the tensor at once.  A key already indexed, being written or being
+        deleted finishes at once ("exists" / "busy"), as does one that cannot fit ("no
+        room").  Raises BadInput or DiskAdmissionRefused, changing nothing."""
+        return self._writer.start(key, tensor, meta)
+
+    def spill(self, key, tensor, meta):
+        """spill_async, then wait for its SpillResult."""
+        return self.spill_async(key, tensor, meta).result()
+
+    # ---- loads -------------------------------------------------------------------------
     def load_async(self, key, dest, meta, still_valid=None):
         """Start loading ``key`` into ``dest`` (a preallocated contiguous tensor of the
         stored dtype and shape).  ``still_valid()`` is called right before the copy; False
@@ -200,27 +176,29 @@ class DiskTier:
         check_meta(meta)
         if not hasattr(dest, "is_contiguous") or not dest.is_contiguous():
             raise BadInput("destination must be a contiguous tensor", type(dest).__name__)
-        with self._lock:
-            e = self._lookup(key)
+        ix = self._index
+        with ix.lock:
+            e = ix.get(key)
             if e is None:
                 self.stats["miss_absent"] += 1
                 return LoadHandle.finished(LoadResult(key, LoadStatus.MISS, "absent"))
             if e.st not in (ON_DISK, VERIFIED):
                 return LoadHandle.finished(LoadResult(key, LoadStatus.BUSY,
                                                       STATE_NAMES[e.st]))
-            if self._in_flight >= self.cap:
-                raise DiskAdmissionRefused(self._in_flight, self.cap)
+            ix.admit()
             h = LoadHandle(key, dest, still_valid)
-            self._go(e, "load_start")
+            ix.go(e, "load_start")
             e.handle = h
         try:
             self._pool.submit(self._run_load, e, h, meta)
-        except RuntimeError:            # pool shut down
-            self._finish_load(e, h, meta, None, None, "tier closed", 0.0)
+        except RuntimeError:            # the tier was closed
+            self._finish_load(e, h, meta, Fetched(Outcome.CANCELLED, "tier closed"))
         return h
 
     def load(self, key, dest, meta, timeout=None):
-        """Synchronous convenience wrapper around load_async."""
+        """Synchronous convenience wrapper around load_async; ``timeout`` (None or finite
+        seconds >= 0) is checked before the load starts."""
+        check_timeout(timeout)
         h = self.load_async(key, dest, meta)
         r = h.result(timeout)
         if r is None:
@@ -229,58 +207,61 @@ class DiskTier:
         return r
 
     def _run_load(self, e, h, meta):
-        staging, hdr, err, dt = None, None, None, 0.0
-        try:
-            staging, hdr, dt = fetch_verified(self.backend, file_name(e.key), e.key, meta,
-                                              h.dest, h)
-            if staging is not None:
-                err = h._deliver(staging)
-        except NotOurs as x:
-            err = f"mismatch: {x.reason}"
-        except CorruptObject as x:
-            err = f"corrupt: {x.reason}"
-        except OSError as x:
-            err = f"io: {errno.errorcode.get(x.errno, type(x).__name__)}"
-        except Exception as x:          # a bug must not kill the loader thread or the caller
-            err = f"internal: {type(x).__name__}: {x}"
-            self.stats["internal_errors"] += 1
-        self._finish_load(e, h, meta, staging, hdr, err, dt)
+        f = fetch_verified(self.backend, file_name(e.key), e.key, meta, h.dest, h)
+        if f.outcome is Outcome.VERIFIED:
+            try:
+                why = h._deliver(f.staging)       # calls the caller's still_valid()
+            except Exception as x:  # noqa: BLE001 -- must not strand the entry in loading
+                h.cancel()
+                why = f"internal: {type(x).__name__}: {x}"
+            if why is not None:
+                f = f._replace(outcome=Outcome.CANCELLED, reason=why, staging=None)
+        self._finish_load(e, h, meta, f)
 
-    def _finish_load(self, e, h, meta, staging, hdr, err, dt):
-        with self._lock:
+    def _finish_load(self, e, h, meta, f):
+        """One load's end.  Only a copy verified damaged in our own format is dropped and
+        deleted; a transient error, a cancel or a mismatch leave the entry on_disk (spec
+        load_cancel); a blob that is gone is forgotten, its name left alone."""
+        ix, o = self._index, f.outcome
+        with ix.lock:
             e.handle = None
-            if err is None and staging is not None:
-                ok = make_rec(1, 1, hdr.abi, hdr.payload_off, e.st)
-                self._go(e, "load_ok", ok, meta.abi)
-                self._idx.move_to_end(e.key)
-                self.stats["load_verified"] += 1
-                res = LoadResult(e.key, LoadStatus.VERIFIED, "verified", staging.numel(), dt)
-            elif err in ("cancelled", "destination recycled") or (err is None and h.cancelled):
-                self._go(e, "load_cancel")
-                self.stats["load_cancelled"] += 1
-                res = LoadResult(e.key, LoadStatus.CANCELLED, err or "cancelled", 0, dt)
+            if o is Outcome.VERIFIED:
+                ix.go(e, "load_ok", rec(1, 1, f.hdr.abi, f.hdr.payload_off, e.st), meta.abi)
+                ix.touch(e.key)
+            elif o is Outcome.CORRUPT:
+                ix.go(e, "load_bad", rec(0, 0, meta.abi, 1, e.st), meta.abi)
+                ix.drop(e, delete=True)
             else:
-                # any failure (I/O, corrupt, not ours) is "not verified": record it so
-                self._go(e, "load_bad", make_rec(0, 0, meta.abi, 1, e.st), meta.abi)
-                # corrupt bytes are deleted; an I/O error may be transient, so keep the file
-                self._drop(e, delete_file=err.startswith("corrupt"))
-                self.stats["load_miss"] += 1
-                res = LoadResult(e.key, LoadStatus.MISS, err, 0, dt)
-        h._finish(res)
+                ix.go(e, "load_cancel")
+                if o is Outcome.GONE:
+                    ix.drop(e, delete=False)
+        if o is Outcome.CORRUPT:
+            self._deleter.remove_corrupt(e.key, f.head, claimed=True)
+        internal = f.reason.startswith("internal")
+        self.stats["internal_errors" if internal else f"load_{o.name.lower()}"] += 1
+        status = {Outcome.VERIFIED: LoadStatus.VERIFIED,
+                  Outcome.CANCELLED: LoadStatus.CANCELLED}.get(o, LoadStatus.MISS)
+        nbytes = f.staging.numel() if o is Outcome.VERIFIED else 0
+        h._finish(LoadResult(e.key, status, f.reason, nbytes, f.seconds))
 
+    # ---- removal, shutdown -------------------------------------------------------------
     def discard(self, key):
-        """Drop ``key`` (cancelling a load in flight first); returns True if it was indexed."""
-        with self._lock:
-            e = self._idx.get(validate_key(key))
+        """Drop ``key`` and delete its blob (blocking); True if it was indexed.  A load in
+        flight is cancelled instead (False); an entry being written is left alone."""
+        validate_key(key)
+        with self._index.lock:
+            e = self._index.get(key)
             if e is None or e.st == WRITING:
                 return False
             if e.st == LOADING:
                 e.handle.cancel()
                 return False
-            self._drop(e, delete_file=True)
-            return True
+            self._index.drop(e, delete=True)
+        self._deleter.remove([key])
+        return True
 
     def close(self):
+        """Wait for the writes and loads in flight, then close the backend."""
         self._pool.shutdown(wait=True, cancel_futures=False)
         close = getattr(self.backend, "close", None)
         if close:

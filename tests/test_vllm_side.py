@@ -12,7 +12,8 @@ from hybridkv.bench.vllm_streams import (SCRIPT, decode_stream, find_vllm_python
 
 MOONCAKE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
 CALL_TYPES = ("lookup", "lookup_excl_hash", "prefill_allocate", "decode_step",
-              "decode_step_excl_hash", "free", "new_step_starts")
+              "decode_step_excl_hash", "decode_step_first", "decode_step_later", "free",
+              "new_step_starts")
 
 
 def test_vllm_side_imports_only_stdlib_torch_vllm():
@@ -87,6 +88,8 @@ def test_vllm_side_tiny(vllm_python, tmp_path, attention, mode):
     assert timings["lookup"]["count"] == timings["lookup_excl_hash"]["count"] == n
     assert timings["prefill_allocate"]["count"] == n
     assert timings["decode_step"]["count"] == timings["decode_step_excl_hash"]["count"] == 20 * n
+    assert timings["decode_step_first"]["count"] == n
+    assert timings["decode_step_later"]["count"] == 19 * n
     assert timings["free"]["count"] == n
     for name in ("lookup", "prefill_allocate", "decode_step", "free"):
         t = timings[name]

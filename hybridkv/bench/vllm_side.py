@@ -29,6 +29,10 @@ Timed call types (microseconds, `time.perf_counter_ns`):
   prefill_allocate       allocate_slots for the uncached rest of the prompt
   decode_step            append_output_token_ids (hashes a block when one fills) + allocate_slots(1)
   decode_step_excl_hash  allocate_slots(1) alone
+  decode_step_first      decode_step of a request's first decode step only: with a sliding-window
+                         group, that allocate_slots frees the prompt's out-of-window blocks
+                         (remove_skipped_blocks), which the prefill allocation did not
+  decode_step_later      decode_step of every later decode step
   free                   free
   new_step_starts        new_step_starts (outside every region above)
 
@@ -64,7 +68,8 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 VOCAB = 32_000
 CALL_TYPES = ("lookup", "lookup_excl_hash", "prefill_allocate", "decode_step",
-              "decode_step_excl_hash", "free", "new_step_starts")
+              "decode_step_excl_hash", "decode_step_first", "decode_step_later", "free",
+              "new_step_starts")
 DEFAULTS = {"attention": "full", "block_size": 16, "sliding_window": 128,
             "retention_interval": 0, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16",
             "num_blocks": 20000, "max_model_len": 200000, "mode": "serial", "warmup": 0,
@@ -193,6 +198,8 @@ class Driver:
         t2 = time.perf_counter_ns()
         self.times_ns["decode_step"].append(t2 - t0)
         self.times_ns["decode_step_excl_hash"].append(t2 - t1)
+        first = request.num_output_tokens == 1
+        self.times_ns["decode_step_first" if first else "decode_step_later"].append(t2 - t0)
         if allocated is None:
             self.refused_decode += 1
             self.refused_ids.append(request.request_id)

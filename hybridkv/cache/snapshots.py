@@ -94,7 +94,7 @@ class Snapshots:
 
     def _window(self, pool, b, work, P, W):
         """Rows [P - W, P) in ring order (row = position mod W) from the window pages."""
-        lo_page, hi_page, cut = (P - W) // W, (P - 1) // W, P % W
+        lo_page, hi_page, cut = max(0, P - W) // W, (P - 1) // W, P % W
         page = lambda j: work.pages[j - work.first_page].ref.block     # noqa: E731
         if lo_page == hi_page:
             self.captured_bytes += pool.copy(b, page(lo_page))

@@ -60,7 +60,7 @@ class ObjectWriter:
                 add((kind, g.name), _ceil(draft_end, bs) - max(held, _ceil(end, bs)))
             if window and draft_end:
                 nxt = ((H - 1) // window + 1 if H else 0) if first else len(tables.swa)
-                restore = nxt - (H - window) // window if first and H else 0
+                restore = nxt - max(0, H - window) // window if first and H else 0
                 add(("swa", g.name), restore + (draft_end - 1) // window + 1 - nxt)
             for kind in working:
                 add((kind, g.name), first + (draft_end > end))
@@ -125,7 +125,7 @@ class ObjectWriter:
                     self._restore(work.itail, exact[("idx", g.name)])
             if "swa" in g.kinds and H:
                 W = g.window
-                first, last = (H - W) // W, (H - 1) // W
+                first, last = max(0, H - W) // W, (H - 1) // W
                 tables.swa.extend([-1] * first)
                 work.first_page = first
                 for j in range(first, last + 1):

@@ -40,7 +40,7 @@ class DiskLink:
         self.loads = {}                  # disk key -> Load (block LOADING, in transit)
         self.pending = collections.OrderedDict()   # disk key -> (DiskRead, keys): queued
         self.spills = {}                 # disk key -> SpillHandle in flight
-        self.known, self._listed, self.refresh_s = set(), -1e9, 1.0
+        self.known, self._listed, self.refresh_s = set(tier.keys()), time.monotonic(), 1.0
         self.counts = collections.Counter()
 
     # -- what an object is -------------------------------------------------------------------
@@ -82,15 +82,17 @@ class DiskLink:
         return DiskRead(H, group, kind, at, exact, ikey, p.state, p.nbytes)
 
     def candidates(self, keys, limit):
-        """Granule numbers i <= limit without a checkpoint record in memory whose first
-        group's exact object is known on disk (e.g. spilled by an earlier process)."""
+        """Granule numbers i <= limit without a checkpoint record whose first group's exact
+        object is in memory or known on disk (part of the checkpoint was spilled, or all of
+        it by an earlier process)."""
         if not self.known and not self.loads:
             return frozenset()
         g0 = self.mgr.layout.groups[0]
         kind = next(k for k in ("swa", "tail", "idx", "comp") if k in g0.kinds)
-        ckpts = self.mgr.index.ckpts
-        return frozenset(i for i in range(1, limit + 1) if keys[i - 1] not in ckpts and
-                         self.key_for(kind, g0.name, keys[i - 1], True) in self.known)
+        index = self.mgr.index
+        return frozenset(i for i in range(1, limit + 1) if keys[i - 1] not in index.ckpts and (
+            index.exact_block(kind, g0.name, keys[i - 1]) is not None or
+            self.key_for(kind, g0.name, keys[i - 1], True) in self.known))
 
     def _left(self, r):
         ld = self.loads.get(self.key_for(r.kind, r.group, r.ikey, r.exact))

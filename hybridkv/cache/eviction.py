@@ -110,9 +110,10 @@ class Evictor:
         dead = self.dead[pk]
         while dead:
             b = next(iter(dead))
-            if b in self.cached[pk] and self.index.children(_ref(pk, b)) == 0:
+            ref = _ref(pk, b)
+            if b in self.cached[pk] and not self.index.reachable(ref):
                 return b
-            del dead[b]                       # pinned again, gone, or has children now
+            del dead[b]                       # pinned again, gone, or reachable again
         return self.policies[pk].victim()
 
     def drop(self, ref, event="evict"):

@@ -95,6 +95,15 @@ class PrefixIndex:
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
         return bool(e is not None and e.anchored)
 
+    def reachable(self, ref):
+        """A published block some recorded checkpoint can still reach through it (a chain
+        block with children or checkpoints hanging from it, an exact object of a recorded
+        checkpoint)."""
+        e = self.entries[(ref.kind, ref.group)].get(ref.block)
+        if e is None:
+            return False
+        return e.key in self.ckpts if e.exact else bool(e.children or e.anchored)
+
     def __len__(self):
         return sum(len(m) for m in self.entries.values())
 

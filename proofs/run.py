@@ -19,6 +19,7 @@ from proofs.encode import Encoding
 from proofs.induction import holds_initially, induction_step
 from proofs.mutate import applied, guards_called, mutants
 from proofs.satbmc import deep_bmc
+from proofs.trace import load as load_trace
 
 FAST = SysConfig(n_obj=1, n_req=2, n_disk=1, n_graph=1, granule=2, max_pos=4, blk_comp=4, blk_tail=2,
                  blk_swa=2, blk_idx=2)   # granule = GCD of the block sizes
@@ -37,6 +38,7 @@ class Settings(NamedTuple):
     only: tuple = ()           # restrict mutation to these mutant names
     jobs: int = 1              # worker processes for the mutation run (fork)
     sat: bool = False          # plain BMC on CaDiCaL (proofs.satbmc): the deep tier's engine
+    seed_traces: tuple = ()    # trace files whose action lists also seed the kill search
 
 
 class MutantResult(NamedTuple):
@@ -168,7 +170,9 @@ def prove(c, st=Settings(), tick=lambda *_: None, mutation_config=None):
     if st.mutation:
         seeds = wit if mc == c else vacuity(mc, st, tick)[0]
         used = guards_called(lambda: Encoding(mc))
-        prefixes = [list(p) for p in sorted({tuple(a) for a in seeds.values()}, key=len)]
+        known = [search.actions_of(load_trace(p)) for p in st.seed_traces]
+        prefixes = [list(p) for p in sorted({tuple(a) for a in list(seeds.values()) + known},
+                                            key=len)]
         todo = [m for m in mutants() if not st.only or m.name in st.only]
         work = [(mc, st, m, prefixes, used) for m in todo]
         if st.jobs > 1:

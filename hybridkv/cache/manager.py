@@ -372,11 +372,11 @@ class CacheManager:
     @locked
     def bump_indexer_version(self, sweep=True):
         """New indexer weights, only at a quiescent point (spec funnel.can_bump_indexer: no
-        request in flight, no indexer copy loading; queued indexer loads are dropped first).
+        request registered (a looked-up one's plan names old objects), no indexer copy
+        loading; queued indexer loads are dropped first).
         Objects of the old version stop covering any H; with ``sweep`` the ones nobody holds
         go back to the free list now (mark_stale + drop_stale), pinned ones when released."""
-        busy = sum(r.phase != LOOKED for r in self.requests.values()) + \
-            sum(h.requests_in_flight() for h in self.holders)
+        busy = len(self.requests) + sum(h.requests_in_flight() for h in self.holders)
         loads = sum(h.indexer_loads() for h in self.holders)
         if self.disk_link is not None:
             loads += self.disk_link.quiesce_indexer()

@@ -2,7 +2,7 @@
 import json
 import sys
 
-from hybridkv.engine.bugs import BUGS
+from hybridkv.testing.bugs import BUGS
 
 NAME = "fuzz"
 HELP = ("random multi-tenant multi-turn conversations, floods, disk spills and faults, version "
@@ -24,7 +24,7 @@ def run(args):
     import torch
     from tqdm import tqdm
 
-    from hybridkv.engine import fuzz
+    from hybridkv.testing import fuzz
 
     torch.set_num_threads(1)
     bar = tqdm(total=args.examples, file=sys.stderr, desc="fuzz", unit="ex")

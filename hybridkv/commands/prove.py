@@ -1,5 +1,6 @@
 """`hybridkv prove`: Z3 proofs of the spec's invariants (BMC + k-induction), vacuity, and
 guard mutation.  Exit status 1 on any violated/unknown invariant or unreachable action."""
+import glob
 import json
 import os
 import sys
@@ -26,6 +27,10 @@ def add_arguments(p):
     p.add_argument("--jobs", type=int, default=1, help="processes for the mutation run")
     p.add_argument("--save-traces", default=None,
                    help="directory for counterexample traces (JSON)")
+    p.add_argument("--seed-traces", default=None,
+                   help="directory of trace files (e.g. tests/golden) whose action lists also "
+                        "seed the mutants' kill search (a counterexample found before is "
+                        "replayed first)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
@@ -40,7 +45,9 @@ def _settings(args):
     budget = args.bmc_budget if args.bmc_budget is not None else (1800.0 if args.deep else 60.0)
     st = Settings(depth=depth, bmc_budget=budget, mutation=not args.no_mutation, sat=args.deep,
                   only=tuple(args.mutant), jobs=max(1, args.jobs),
-                  kill_timeout_ms=int(args.kill_timeout * 1000))
+                  kill_timeout_ms=int(args.kill_timeout * 1000),
+                  seed_traces=tuple(sorted(glob.glob(os.path.join(args.seed_traces, "*.json"))))
+                  if args.seed_traces else ())
     return c, st
 
 

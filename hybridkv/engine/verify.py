@@ -14,7 +14,7 @@ def cold_logits(model, tokens, chunk=8, num_blocks=None):
     from hybridkv.cache import CacheManager
     layout = model.layout()
     n = max(num_blocks or 0, 8 + 2 * len(tokens) // min(g.block_size for g in layout.groups))
-    cache = CacheManager(layout, num_blocks=n)
+    cache = CacheManager(layout, num_blocks=n, device=model.device)
     cache.lookup("cold", tokens)
     out, L = [], 0
     while L < len(tokens):

@@ -1,17 +1,16 @@
 """End-to-end stateful fuzzing of the engine (hypothesis): random multi-tenant, multi-turn
 conversations with shared prefixes and drafts, plus cache floods (capacity pressure:
 evictions, which spill with a disk tier), forced spills, disk faults (files truncated or bit-
-flipped, reads failing with EIO through the tier's HookedBackend), indexer version bumps and
-pool relocations.  After every generation each output must equal a cold recompute with the
-same chunking; after every rule ``cache.check_invariants()`` holds, every stored model
-checkpoint ends exactly at its H, and draft isolation holds end to end: every checkpoint the
-prefix index or the model store holds is a prefix of a sequence that was really committed
-(the checks: hybridkv.engine.fuzzcheck).
+flipped, reads failing with EIO through the tier's HookedBackend), indexer version bumps,
+relocations of cached blocks and of the decode graph's buffers.  After every generation each
+output must equal a cold recompute; after every rule ``cache.check_invariants()`` holds and
+draft isolation holds end to end: every checkpoint the prefix index holds is a prefix of a
+sequence that was really committed (the checks: hybridkv.testing.fuzzcheck).
 
-``make_machine(bug=None, ...)`` returns the RuleBasedStateMachine class (``bug`` seeds an
-engine bug, hybridkv.engine.bugs); ``run(examples, bug=None)`` runs it and reports, with how
-many examples exercised each rule (``rules``) and each effect (``effects``: e.g. a disk hit, a
-failed load, a rejected draft, a re-capture after relocation)."""
+``make_machine(engine_cls, ...)`` returns the RuleBasedStateMachine class (a seeded bug is an
+engine class or seam, hybridkv.testing.bugs); ``run(examples, bug=None)`` runs it and reports,
+with how many examples exercised each rule (``rules``) and each effect (``effects``: e.g. a disk hit, a
+failed load, a rejected draft, a re-plan, a re-capture after relocation)."""
 import contextlib
 import io
 import sys
@@ -23,7 +22,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from hybridkv.engine import fuzzcheck, fuzzdisk
+from hybridkv.testing import bugs, fuzzcheck, fuzzdisk
 
 SYSTEM = [(37 * i + 11) % 256 for i in range(24)]
 _MODEL = []
@@ -59,11 +58,10 @@ def _drafter():
     return FuzzDrafter(8)
 
 
-def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
+def make_machine(engine_cls, counter=None, tick=None, first=None, seen=None):
     import functools
 
     import hybridkv as hk
-    from hybridkv.engine import Engine
     seen = defaultdict(set) if seen is None else seen
 
     def rec(fn):
@@ -95,22 +93,28 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
                     tick()
             self.ex = counter[0] if counter is not None else 0
             self.fs = fuzzdisk.FaultyTier(small_tier) if disk else None
-            self.cache = hk.CacheManager(hk.ModelLayout.v4_mini(), num_blocks=blocks,
+            self.cache = hk.CacheManager(model().layout(), num_blocks=blocks,
                                          disk=self.fs.tier if disk else None)
-            self.eng = Engine(model(), self.cache, chunk=chunk, num_draft_tokens=k,
-                              max_running=3, bug=bug, drafter=_drafter(), load_timeout=5.0)
+            self.eng = engine_cls(model(), self.cache, chunk=chunk, num_draft_tokens=3,
+                                  max_running=3, drafter=_drafter(), load_timeout=5.0)
+            self.eng.spec.k = k
             self.convs = [(b"t%d" % tenant, SYSTEM[:shared] + user)]   # (salt, tokens)
             self.legit = set()       # chain keys of every committed prefix
             self.last = self.eng.stats()
+            self.last_disk = self._disk_counts()
 
         def teardown(self):
             if getattr(self, "fs", None) is not None:
                 self.fs.close()
 
+        def _disk_counts(self):
+            link = self.cache.disk_link
+            return dict(link.counts) if link is not None else {}
+
         def _effects(self, outs):
-            s = self.eng.stats()
-            eff = fuzzcheck.effect_counts(self.last, s, outs)
-            self.last = s
+            s, dk = self.eng.stats(), self._disk_counts()
+            eff = fuzzcheck.effect_counts(self.last, s, outs, self.last_disk, dk)
+            self.last, self.last_disk = s, dk
             for k, v in eff.items():
                 if v:
                     seen["effect:" + k].add(self.ex)
@@ -148,7 +152,7 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
             self._turn_on(idx, user, new, k)
 
         def _turn_on(self, idx, user, new, k):
-            self.eng.spec_k = k
+            self.eng.spec.k = k
             prompts = [self.convs[i][1] + user for i in idx]
             outs = self._generate(prompts, new, [self.convs[i][0] for i in idx])
             for i, p, out in zip(idx, prompts, outs):
@@ -186,42 +190,52 @@ def make_machine(bug=None, counter=None, tick=None, first=None, seen=None):
 
         @precondition(lambda self: self.fs is not None)
         @rule(kind=st.sampled_from(["damage_files", "fail_reads"]),
-              mode=st.sampled_from(fuzzdisk.DAMAGE), what=st.sampled_from(["model", "object"]),
-              pick=st.integers(0, 1 << 20), n=st.integers(1, 4))
+              mode=st.sampled_from(fuzzdisk.DAMAGE), pick=st.integers(0, 1 << 20),
+              n=st.integers(1, 4))
         @rec
-        def disk_fault(self, kind, mode, what, pick, n):
+        def disk_fault(self, kind, mode, pick, n):
             seen["rule:" + kind].add(self.ex)
             if kind == "fail_reads":
                 self.fs.fail_next_reads(n)
-            elif self.fs.damage(mode, what == "model", pick, n):
+            elif self.fs.damage(mode, pick, n):
                 seen["effect:file_damaged"].add(self.ex)
 
-        @rule(kind=st.sampled_from(["relocate", "bump_version", "spill_all"]),
-              extra=st.integers(1, 16))
+        @rule(kind=st.sampled_from(["relocate_graph", "relocate_cached", "bump_version",
+                                    "spill_all"]), pick=st.integers(0, 1 << 20))
         @rec
-        def perturb(self, kind, extra):
+        def perturb(self, kind, pick):
             seen["rule:" + kind].add(self.ex)
-            if kind == "relocate":
-                self.eng.graph.relocate(extra)
+            if kind == "relocate_graph":
+                self.eng.graph.relocate()
+            elif kind == "relocate_cached":      # compaction of a cached block
+                cached = [(pk, b) for pk, bs in sorted(self.cache.evictor.cached.items())
+                          for b in sorted(bs)]
+                if cached:
+                    (kind_, group), b = cached[pick % len(cached)]
+                    self.cache.relocate(kind_, group, b)
             elif kind == "bump_version":
                 self.cache.bump_indexer_version()
             elif self.fs is not None:
-                self.cache.spill_all()
-                self.eng.store.spill_all()
+                self.cache.spill_all(10.0)
 
         @invariant()
         @rec
         def cache_ok(self):
             if not hasattr(self, "cache"):
                 return
-            fuzzcheck.check_state(self.cache, self.eng.store, self.legit)
+            fuzzcheck.check_state(self.cache, self.legit)
 
     return EngineMachine
 
 
 def run(examples, bug=None, steps=20, tick=None, seed=None, shrink=True):
     counter, first, t0, seen = [0], {}, time.time(), defaultdict(set)
-    cls = make_machine(bug, counter, tick, (first, t0), seen)
+    with bugs.seeded(bug) as engine_cls:
+        return _run(examples, engine_cls, steps, tick, seed, shrink, counter, first, t0, seen)
+
+
+def _run(examples, engine_cls, steps, tick, seed, shrink, counter, first, t0, seen):
+    cls = make_machine(engine_cls, counter, tick, (first, t0), seen)
     from hypothesis import Phase
     phases = [p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain)]
     s = settings(max_examples=examples, stateful_step_count=steps, deadline=None,

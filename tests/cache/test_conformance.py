@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import spec
-from hybridkv import lookup as LK
+from hybridkv.cache import funnel as LK
 from hybridkv.errors import Refused
-from hybridkv.manager import CacheManager
-from hybridkv.tables import TransitionRefused
+from hybridkv.cache import CacheManager
+from hybridkv.cache.tables import TransitionRefused
+from hybridkv.testing.driver import ObjectDriver
 from spec.config import SysConfig
 from spec.invariants import INVARIANTS
 
@@ -31,7 +32,7 @@ class Conformance(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.mgr = CacheManager.for_spec(CFG, checked=True)
-        self.drv = self.mgr.objects
+        self.drv = ObjectDriver(self.mgr)
         self.s = spec.initial(CFG)
         self.trace = []
 
@@ -56,7 +57,7 @@ class Conformance(RuleBasedStateMachine):
     @rule(k=st.integers(0, NK - 1), i=OBJ, p=POS, via_draft=st.booleans())
     def make_ready(self, k, i, p, via_draft=False):
         first = [("draft", (k, i, p)), ("accept", (k, i))] if via_draft else [("write", (k, i, p))]
-        for name, args in first + [("fill", (k, i)), ("seal", (k, i))]:
+        for name, args in first + [("fill", (k, i)), ("publish", (k, i)), ("seal", (k, i))]:
             self.apply(name, args)
 
     @rule(k=st.integers(0, NK - 1), i=OBJ, p=POS)
@@ -77,11 +78,14 @@ class Conformance(RuleBasedStateMachine):
             "tail_short": [("write", (TAIL, i, p))],
             "comp_short": [("write", (COMP, i, p))],
             "idx_behind": [("write", (IDX, i, p))],
-            "window_slid": [("write", (SWA, i, p)), ("fill", (SWA, i)), ("seal", (SWA, i)),
+            "window_slid": [("write", (SWA, i, p)), ("fill", (SWA, i)), ("publish", (SWA, i)),
+                            ("seal", (SWA, i)),
                             ("slide", (i,))],
-            "idx_stale": [("write", (IDX, i, p)), ("fill", (IDX, i)), ("seal", (IDX, i)),
+            "idx_stale": [("write", (IDX, i, p)), ("fill", (IDX, i)), ("publish", (IDX, i)),
+                          ("seal", (IDX, i)),
                           ("bump_version", ())],
-            "disk_inflight": [("write", (COMP, i, p)), ("fill", (COMP, i)), ("seal", (COMP, i)),
+            "disk_inflight": [("write", (COMP, i, p)), ("fill", (COMP, i)),
+                              ("publish", (COMP, i)), ("seal", (COMP, i)),
                               ("spill_start", (0, COMP, i)), ("spill_done", (0, COMP)),
                               ("evict", (COMP, i)), ("load_start", (0, COMP, i))],
             "draft": [("draft", (TAIL, i, p))],

@@ -1,8 +1,7 @@
 """A local disk tier in a temp dir with the fault hooks the engine fuzzer drives: the next n
 reads fail with EIO (hybridkv.disk.backend.HookedBackend, as in the tier's fault matrix), and
 published files are damaged in place (truncated, or a bit flipped in the header or payload),
-like hybridkv.disk.faults does.  Model checkpoint files are told apart from the manager's
-object files by their header (uint8 payload)."""
+like hybridkv.disk.faults does."""
 import errno
 import os
 import shutil
@@ -38,7 +37,7 @@ class FaultyTier:
         with self._lock:
             self._fail[0] = n
 
-    def _files(self, model):
+    def _files(self):
         out = []
         for f in sorted(os.listdir(self.dir)):
             if not f.endswith(".hkv"):
@@ -48,14 +47,13 @@ class FaultyTier:
                     h = decode_header(fh.read(16384))
             except (CorruptObject, OSError):
                 continue
-            if (h.dtype == "uint8") == model:
-                out.append((os.path.join(self.dir, f), h))
+            out.append((os.path.join(self.dir, f), h))
         return out
 
-    def damage(self, mode, model, pick, n):
-        """Damage up to ``n`` files (model checkpoints or manager objects) from index
-        ``pick``; returns how many were damaged."""
-        files = self._files(model)
+    def damage(self, mode, pick, n):
+        """Damage up to ``n`` object files from index ``pick``; returns how many were
+        damaged."""
+        files = self._files()
         done = 0
         for i in range(min(n, len(files))):
             path, h = files[(pick + i) % len(files)]

@@ -43,7 +43,8 @@ def run_grid(backend, grid="default", seed=0, span=None):
         span = 6 if (backend == "triton" and which == "subset") else 12
     res = check_grid(model, lengths, span=span)
     t0 = time.perf_counter()
-    g = greedy_resume(model, 17, 26, new_tokens=6 if backend == "torch" else 3)
+    H, prompt, new = (17, 26, 6) if backend == "torch" else (9, 14, 3)
+    g = greedy_resume(model, H, prompt, new_tokens=new)
     return {"grid": which, "lengths": res.lengths, "resumed_at": res.resumed_at,
             "span": res.span, "mismatches": res.mismatches,
             "bad": [c._asdict() for c in res.bad], "seconds": res.seconds,

@@ -204,9 +204,20 @@ def _diff(a, b):
     return float((a - b).abs().nan_to_num(float("inf")).max())
 
 
+def cold_reference(model, tokens, chunk=8):
+    """``hybridkv.engine.verify.cold_logits`` (a fresh CacheManager, chunks of ``chunk`` from
+    position 0).  A model on another device than the CPU gets the same cold run with the
+    fresh manager on the model's device: cold_logits builds its CacheManager with the default
+    device="cpu", whose pools a CUDA model's launches refuse (check_same_device)."""
+    if model.device.type == "cpu":
+        from hybridkv.engine.verify import cold_logits
+        return cold_logits(model, tokens, chunk)
+    cache = make_cache(model, [len(tokens)])
+    return serve(model, cache, "cold", tokens, chunk)[2]
+
+
 def resume_case(model, cache, prefix, H, span, chunk=8, poison=True, tamper=None, rid=None):
     """Resume T[:H'] + branch in ``cache`` (holding a snapshot at H') and compare with cold."""
-    from hybridkv.engine.verify import cold_logits
     Hp = aligned(H, cache.layout.granule)
     toks = prefix[:Hp] + branch_tokens(prefix, Hp, span, model.cfg.vocab)
 
@@ -216,7 +227,7 @@ def resume_case(model, cache, prefix, H, span, chunk=8, poison=True, tamper=None
         if poison:
             poison_free(c)
     plan, _, warm = serve(model, cache, rid or f"resume{Hp}", toks, chunk, before_allocate=before)
-    cold = cold_logits(model, toks)[plan.reuse_tokens:]
+    cold = cold_reference(model, toks)[plan.reuse_tokens:]
     d = _diff(warm, cold)
     return Case(H, Hp, plan.reuse_tokens, d == 0.0, d)
 
@@ -248,7 +259,6 @@ def check_grid(model, lengths, span=12, chunk=8, poison=True, tamper=None, seed=
 def greedy_resume(model, H, prompt_len, new_tokens=6, chunk=8, seed=99):
     """Greedy generation from a ``prompt_len`` prompt, cold vs resumed from the "repeat"
     checkpoint a first request of length H'+1 left at H' = aligned(H)."""
-    from hybridkv.engine.verify import cold_logits
     gran = model.layout().granule
     Hp = aligned(H, gran)
     if not 0 < Hp < prompt_len:
@@ -263,7 +273,7 @@ def greedy_resume(model, H, prompt_len, new_tokens=6, chunk=8, seed=99):
                                   before_allocate=lambda c, p: poison_free(c))
     if plan.reuse_tokens != Hp:
         raise AssertionError(f"resumed at {plan.reuse_tokens}, wanted H'={Hp}")
-    ref = cold_logits(model, toks + cold_tok[:-1])
+    ref = cold_reference(model, toks + cold_tok[:-1])
     return GreedyResult(plan.reuse_tokens, cold_tok, res_tok, torch.equal(cold_lg[Hp:], res_lg),
                         torch.equal(ref, cold_lg) and torch.equal(ref[Hp:], res_lg))
 

@@ -152,3 +152,11 @@ def test_sliding_window_releases_pages(model):
         assert pages[0] == -1 and len(held) <= 2, (g.name, pages)
     assert c.window == 10
     cache.free("r")
+
+
+def test_device_cold_reference_is_cold_logits(model):
+    """The cold run used for a model off the CPU (a fresh manager on the model's device,
+    served like any request) is the very bits of verify.cold_logits."""
+    toks = prompt_tokens(model.cfg, 37)
+    served = serve(model, make_cache(model, [37]), "c", toks, 8)[2]
+    assert torch.equal(served, cold_logits(model, toks))

@@ -78,7 +78,7 @@ def check_model(dev, quick, lengths=None, span=12, greedy=(17, 26, 6)):
     t0 = time.perf_counter()
     gr = greedy_resume(tri, *greedy[:2], new_tokens=greedy[2])
     return {"backend_max_abs_diff": float((a - b).abs().max()), "grid_lengths": g.lengths,
-            "grid_resumed_at": g.resumed_at, "grid_span": g.span,
+            "grid_aligned": g.aligned, "grid_resumed_at": g.resumed_at, "grid_span": g.span,
             "grid_mismatches": g.mismatches, "grid_bad": [c._asdict() for c in g.bad],
             "grid_seconds": g.seconds, "greedy_ok": gr.ok,
             "greedy_seconds": round(time.perf_counter() - t0, 2)}

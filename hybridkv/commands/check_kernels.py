@@ -45,10 +45,11 @@ def run_grid(backend, grid="default", seed=0, span=None):
     t0 = time.perf_counter()
     H, prompt, new = (17, 26, 6) if backend == "torch" else (9, 14, 3)
     g = greedy_resume(model, H, prompt, new_tokens=new)
-    return {"grid": which, "lengths": res.lengths, "resumed_at": res.resumed_at,
+    return {"grid": which, "lengths": res.lengths, "aligned": res.aligned,
+            "resumed_at": res.resumed_at,
             "span": res.span, "mismatches": res.mismatches,
             "bad": [c._asdict() for c in res.bad], "seconds": res.seconds,
-            "greedy": {"H": g.H, "cold_tokens": g.cold_tokens,
+            "greedy": {"H": g.H, "aligned": g.aligned, "cold_tokens": g.cold_tokens,
                        "resumed_tokens": g.resumed_tokens, "logits_equal": g.logits_equal,
                        "cold_ref_equal": g.cold_ref_equal, "ok": g.ok,
                        "seconds": round(time.perf_counter() - t0, 3)}}
@@ -86,7 +87,7 @@ def run(args):
         for k in kernels:
             print(f"{k['name']:<20} max_abs_err={k['max_abs_err']:.3g} tol={k['tol']:g}")
         for be, g in grid.items():
-            pts = sorted(set(g["resumed_at"]))
+            pts = sorted(set(g["aligned"]))
             print(f"resume grid {be} ({g['grid']}, {len(g['lengths'])} lengths "
                   f"{g['lengths'][0]}..{g['lengths'][-1]}, {len(pts)} resume points H'): "
                   f"{g['mismatches']} mismatches in {g['seconds']} s; greedy "

@@ -39,7 +39,7 @@ def test_resume_points_are_granule_aligned(model):
 def test_resume_grid_torch_subset(model):
     res = check_grid(model, SUBSET)
     assert res.mismatches == 0, res.bad
-    assert res.resumed_at == [aligned(H, 2) for H in SUBSET]
+    assert res.aligned == res.resumed_at == [aligned(H, 2) for H in SUBSET]
     assert all(c.reuse == c.aligned and c.equal for c in res.cases)
 
 
@@ -66,7 +66,7 @@ def test_resume_grid_triton_full():
 @pytest.mark.parametrize("H,prompt", [(4, 9), (8, 9), (17, 23), (33, 40)])
 def test_greedy_identical(model, H, prompt):
     g = greedy_resume(model, H, prompt, new_tokens=6)
-    assert g.H == aligned(H, 2)
+    assert g.H == g.aligned == aligned(H, 2) and g.ok
     assert g.cold_tokens == g.resumed_tokens and g.logits_equal and g.cold_ref_equal
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from kernels.attention import attention, attention_ref
-from kernels.compressor import compress, compress_ref
+from kernels.compressor import CompressSlice, compress, compress_batch, compress_ref
 from kernels.indexer import index_topk
 from kernels.plan import SeqSlice, plan_attention
 
@@ -116,6 +116,42 @@ def check_compressor(case, backend="triton"):
     return Err(name, _maxdiff(got["pool"], want["pool"]), ATOL)
 
 
+def compress_batch_case(seed, ratio, overlap, d, cbs, reqs):
+    """Several requests' chunks ``reqs`` = [(start, n_new), ...] closing their entries into
+    one shared pool (NaN-poisoned, physical blocks shuffled across requests); each request
+    has its own rows (tail + chunk) and block table."""
+    g = torch.Generator().manual_seed(seed)
+    width = 2 * d if overlap else d
+    nbs = [-(-max((s + n) // ratio, 1) // cbs) + 1 for s, n in reqs]
+    perm = torch.randperm(sum(nbs) + 2, generator=g).to(torch.int32)
+    slices, k = [], 0
+    for (start, n_new), nb in zip(reqs, nbs):
+        base = max(0, (start // ratio) * ratio - overlap)
+        rows = start + n_new - base
+        table = torch.full((max(4, -(-nb // 4) * 4),), -1, dtype=torch.int32)
+        table[:nb] = perm[k:k + nb]
+        k += nb
+        slices.append(CompressSlice(_rand(g, rows, width), _rand(g, rows, width), table, base,
+                                    start // ratio, (start + n_new) // ratio))
+    return dict(slices=slices, ape=_rand(g, overlap + ratio, d),
+                pool=torch.full((len(perm), cbs, d), NAN), ratio=ratio, overlap=overlap)
+
+
+def check_compress_batch(case, backend="triton"):
+    """One ``compress_batch`` launch over every request vs ``compress_ref`` request by
+    request: the same entries written (NaN pattern), values within ATOL (torch: equal)."""
+    got, want = case["pool"].clone(), case["pool"].clone()
+    compress_batch(case["slices"], case["ape"], got, case["ratio"], case["overlap"],
+                   backend=backend)
+    for s in case["slices"]:
+        compress_ref(s.rows_kv, s.rows_gate, case["ape"], want, s.table, s.base, s.j0, s.j1,
+                     case["ratio"], case["overlap"])
+    name = "compress_batch_csa" if case["overlap"] else "compress_batch_hca"
+    if not torch.equal(got.isnan(), want.isnan()):
+        return Err(name, float("inf"), ATOL)
+    return Err(name, _maxdiff(got, want), ATOL)
+
+
 def indexer_case(seed, ni, di, cbs, reqs, top_k, ratio=4, quant=False):
     g = torch.Generator().manual_seed(seed)
     n_ent = [(s + n) // ratio for s, n in reqs]
@@ -163,6 +199,9 @@ def default_cases(seed=0):
     out.append((check_attention, attention_case(seed, "swa", 4, 16, 16, 4, 128, [(300, 2)])))
     for ratio, ov, start, n in ((4, 4, 0, 9), (4, 4, 13, 11), (8, 0, 5, 27), (16, 0, 30, 40)):
         out.append((check_compressor, compressor_case(seed, ratio, ov, 16, 4, start, n)))
+    for ratio, ov in ((4, 4), (8, 0)):
+        out.append((check_compress_batch, compress_batch_case(
+            seed, ratio, ov, 16, 4, [(0, 9), (13, 11), (40, 1), (7, 30)])))
     out.append((check_indexer, indexer_case(seed, 2, 8, 4, reqs, 4)))
     out.append((check_indexer, indexer_case(seed, 2, 8, 4, [(40, 9)], 4, quant=True)))
     return out

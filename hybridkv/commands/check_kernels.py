@@ -1,4 +1,6 @@
-"""`hybridkv check-kernels`: every kernel against its torch reference, then the resume grid."""
+"""`hybridkv check-kernels`: every kernel against its torch reference, then the resume grid
+(hybridkv.model.resume: warm == cold through the CacheManager, bitwise) and a greedy
+generation cold vs resumed, per backend.  Exit status 1 on any mismatch."""
 import json
 import sys
 import time
@@ -8,17 +10,52 @@ import torch
 NAME = "check-kernels"
 HELP = "compare the Triton kernels with their torch references and run the resume grid"
 
+GRIDS = ("default", "subset", "full")
+
 
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--grid-backend", choices=("torch", "triton", "both"), default="both",
                         help="backend(s) the resume grid runs on (triton: interpreted on CPU)")
+    parser.add_argument("--grid", choices=GRIDS, default="default",
+                        help="default: the full 3..385 grid on torch, a subset on triton "
+                             "(interpreted: slow); subset / full: that grid on every backend")
+    parser.add_argument("--span", type=int, default=None,
+                        help="tokens each resumed request computes (default 12; 6 on the "
+                             "triton subset)")
     parser.add_argument("--seed", type=int, default=0)
 
 
-def run(args):
+def _lengths(cfg, grid, backend):
+    from hybridkv.model.resume import SUBSET, TRITON_SUBSET, grid_lengths
+    if grid == "full" or (grid == "default" and backend == "torch"):
+        return grid_lengths(cfg), "full"
+    return list(TRITON_SUBSET if backend == "triton" else SUBSET), "subset"
+
+
+def run_grid(backend, grid="default", seed=0, span=None):
+    """The resume grid and the greedy check on one backend, as a JSON-ready dict."""
     from hybridkv.model import V4Mini
-    from hybridkv.model.resume import check_grid, grid_lengths, greedy_resume
+    from hybridkv.model.resume import check_grid, greedy_resume
+    model = V4Mini(seed=seed, backend=backend)
+    lengths, which = _lengths(model.cfg, grid, backend)
+    if span is None:
+        span = 6 if (backend == "triton" and which == "subset") else 12
+    res = check_grid(model, lengths, span=span)
+    t0 = time.perf_counter()
+    H, prompt, new = (17, 26, 6) if backend == "torch" else (9, 14, 3)
+    g = greedy_resume(model, H, prompt, new_tokens=new)
+    return {"grid": which, "lengths": res.lengths, "aligned": res.aligned,
+            "resumed_at": res.resumed_at,
+            "span": res.span, "mismatches": res.mismatches,
+            "bad": [c._asdict() for c in res.bad], "seconds": res.seconds,
+            "greedy": {"H": g.H, "aligned": g.aligned, "cold_tokens": g.cold_tokens,
+                       "resumed_tokens": g.resumed_tokens, "logits_equal": g.logits_equal,
+                       "cold_ref_equal": g.cold_ref_equal, "ok": g.ok,
+                       "seconds": round(time.perf_counter() - t0, 3)}}
+
+
+def run(args):
     from kernels.selfcheck import default_cases
 
     threads = torch.get_num_threads()
@@ -32,30 +69,31 @@ def run(args):
         kernels = [{"name": e.name, "max_abs_err": e.max_abs_err, "tol": e.tol}
                    for e in worst.values()]
         backends = ["torch", "triton"] if args.grid_backend == "both" else [args.grid_backend]
-        grid, lengths, mismatches, timings = {}, None, 0, {}
+        grid, mismatches = {}, 0
         for be in backends:
             print(f"resume grid on {be} ...", file=sys.stderr)
-            model = V4Mini(seed=args.seed, backend=be)
-            lengths = grid_lengths(model.cfg)
-            t0 = time.perf_counter()
-            res = check_grid(model, lengths)
-            timings[be] = round(time.perf_counter() - t0, 3)
-            g = greedy_resume(model, 17, 26)
-            greedy_ok = g.cold_tokens == g.resumed_tokens and g.logits_equal
-            grid[be] = {"mismatches": res.mismatches, "bad": res.bad, "greedy_ok": greedy_ok}
-            mismatches += res.mismatches + (0 if greedy_ok else 1)
+            grid[be] = run_grid(be, args.grid, args.seed, args.span)
+            mismatches += grid[be]["mismatches"] + (0 if grid[be]["greedy"]["ok"] else 1)
     finally:
         torch.set_num_threads(threads)
     ok = mismatches == 0 and all(k["max_abs_err"] <= k["tol"] for k in kernels)
     out = {"kernels": kernels,
-           "resume_grid": {"lengths": lengths, "mismatches": mismatches, "backends": grid,
-                           "grid_seconds": timings},
+           "resume_grid": {"mismatches": mismatches, "backends": grid,
+                           "grid_seconds": {be: g["seconds"] for be, g in grid.items()}},
            "ok": ok}
     if args.json:
         print(json.dumps(out))
     else:
         for k in kernels:
-            print(f"{k['name']:<18} max_abs_err={k['max_abs_err']:.3g} tol={k['tol']:g}")
-        print(f"resume grid {lengths}: {mismatches} mismatches; seconds {timings}")
+            print(f"{k['name']:<20} max_abs_err={k['max_abs_err']:.3g} tol={k['tol']:g}")
+        for be, g in grid.items():
+            pts = sorted(set(g["aligned"]))
+            print(f"resume grid {be} ({g['grid']}, {len(g['lengths'])} lengths "
+                  f"{g['lengths'][0]}..{g['lengths'][-1]}, {len(pts)} resume points H'): "
+                  f"{g['mismatches']} mismatches in {g['seconds']} s; greedy "
+                  f"{'ok' if g['greedy']['ok'] else 'FAILED'}")
+            for c in g["bad"]:
+                print(f"  H={c['H']} H'={c['aligned']} resumed at {c['reuse']} "
+                      f"max|warm-cold|={c['max_abs_diff']:.3g}")
         print("OK" if ok else "FAILED")
     return 0 if ok else 1

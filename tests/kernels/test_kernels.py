@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kernels.attention import attention, attention_ref
 from kernels.compressor import compress
-from kernels.selfcheck import (ATOL, attention_case, check_attention, check_compressor,
-                               check_indexer, compressor_case, indexer_case)
+from kernels.selfcheck import (ATOL, attention_case, check_attention, check_compress_batch,
+                               check_compressor, check_indexer, compress_batch_case,
+                               compressor_case, indexer_case)
 
 FAST = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -29,6 +30,10 @@ comp_st = st.fixed_dictionaries(dict(
     seed=st.integers(0, 2**16), ratio_ov=st.sampled_from([(4, 4), (2, 2), (8, 0), (4, 0)]),
     d=st.sampled_from([4, 8, 16]), cbs=st.integers(1, 5), start=st.integers(0, 40),
     n_new=st.integers(1, 20)))
+batch_st = st.fixed_dictionaries(dict(
+    seed=st.integers(0, 2**16), ratio_ov=st.sampled_from([(4, 4), (2, 2), (8, 0), (4, 0)]),
+    d=st.sampled_from([4, 8, 16]), cbs=st.integers(1, 5),
+    reqs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 20)), min_size=2, max_size=5)))
 idx_st = st.fixed_dictionaries(dict(
     seed=st.integers(0, 2**16), ni=st.sampled_from([1, 2, 4]), di=st.sampled_from([4, 8]),
     cbs=st.integers(1, 5), reqs=reqs_st, top_k=st.integers(1, 6), quant=st.booleans()))
@@ -41,6 +46,11 @@ def _attn(p):
 def _comp(p):
     (ratio, ov), p = p["ratio_ov"], {k: v for k, v in p.items() if k != "ratio_ov"}
     return check_compressor(compressor_case(ratio=ratio, overlap=ov, **p))
+
+
+def _batch(p, backend="triton"):
+    (ratio, ov), p = p["ratio_ov"], {k: v for k, v in p.items() if k != "ratio_ov"}
+    return check_compress_batch(compress_batch_case(ratio=ratio, overlap=ov, **p), backend)
 
 
 def _idx(p):
@@ -59,6 +69,37 @@ def test_attention_matches_reference(p):
 def test_compressor_matches_reference(p):
     e = _comp(p)
     assert e.max_abs_err <= ATOL, (p, e)
+
+
+@FAST
+@given(batch_st)
+def test_compress_batch_matches_per_request_reference(p):
+    """One launch over several requests == compress_ref request by request (Triton)."""
+    e = _batch(p)
+    assert e.max_abs_err <= ATOL, (p, e)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("ratio,ov", [(4, 4), (8, 0)])
+def test_compress_batch_both_backends(backend, ratio, ov):
+    """Four requests (one closing nothing) in one launch, both backends; torch is the
+    reference itself, so it must be exact."""
+    c = compress_batch_case(3, ratio, ov, 16, 4, [(0, 9), (13, 11), (40, 1), (7, 30)])
+    e = check_compress_batch(c, backend)
+    assert e.max_abs_err <= (0.0 if backend == "torch" else ATOL), e
+
+
+def test_compress_batch_harness_catches_a_swapped_table():
+    """Negative control: the batch written through another request's table differs."""
+    c = compress_batch_case(4, 4, 4, 8, 2, [(0, 12), (4, 12)])
+    s0, s1 = c["slices"]
+    swapped = dict(c, slices=[s0._replace(table=s1.table), s1._replace(table=s0.table)])
+    got = c["pool"].clone()
+    from kernels.compressor import compress_batch
+    compress_batch(swapped["slices"], c["ape"], got, 4, 4)
+    want = c["pool"].clone()
+    compress_batch(c["slices"], c["ape"], want, 4, 4)
+    assert not torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
 @FAST
@@ -113,6 +154,13 @@ def test_attention_deep(p):
 @given(comp_st)
 def test_compressor_deep(p):
     assert _comp(p).max_abs_err <= ATOL
+
+
+@pytest.mark.slow
+@DEEP
+@given(batch_st)
+def test_compress_batch_deep(p):
+    assert _batch(p).max_abs_err <= ATOL
 
 
 @pytest.mark.slow

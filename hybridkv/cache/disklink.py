@@ -25,6 +25,7 @@ import torch
 
 from hybridkv.cache.diskplan import DISK_KIND, DiskRead, Load, decide, disk_key
 from hybridkv.cache.pool import REC, ObjRef
+from hybridkv.disk.entry import DiskAdmissionRefused
 from hybridkv.disk.format import DiskError, DiskMeta, abi_id
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from spec.common import LOADING, READY
@@ -126,6 +127,9 @@ class DiskLink:
         try:
             h = self.tier.spill_async(key, pool.to_bytes(ref.block),
                                       self.meta(ref.kind, ref.group, content))
+        except DiskAdmissionRefused:
+            self.counts["spill_deferred"] += 1             # the tier's budget is full
+            return False
         except (DiskError, OSError):
             self.counts["spill_failed"] += 1
             return False
@@ -147,16 +151,32 @@ class DiskLink:
                     self.known.add(key)
 
     def spill_all(self, timeout):
-        """Spill every READY published block (memory copies stay); returns how many were
-        written (waiting for them without the lock)."""
+        """Spill every READY published block (memory copies stay), as fast as the tier's
+        budget takes them, waiting without the lock; returns how many were written."""
+        deadline = time.monotonic() + timeout
+        before = self.counts["spilled"]
+        while True:
+            with self.mgr.lock:
+                self._reap_spills()
+                todo = [ObjRef(kind, g, b) for (kind, g), pool in self.mgr.pools.items()
+                        for b, rec in enumerate(pool.recs)
+                        if rec.st == READY and self.mgr.index.published(kind, g, b)
+                        and self._spill_key(ObjRef(kind, g, b)) not in self.known]
+                for ref in todo:
+                    if self.tier.in_flight >= self.tier.cap:
+                        break
+                    self.spill(ref)
+                busy = list(self.spills.values())
+            if not busy or time.monotonic() >= deadline:
+                break
+            busy[0].result(min(0.05, max(0.0, deadline - time.monotonic())))
         with self.mgr.lock:
-            before = self.counts["spilled"]
-            for (kind, g), pool in self.mgr.pools.items():
-                for b, rec in enumerate(pool.recs):
-                    if rec.st == READY and self.mgr.index.published(kind, g, b):
-                        self.spill(ObjRef(kind, g, b))
-        self.wait(timeout)
+            self._reap_spills()
         return self.counts["spilled"] - before
+
+    def _spill_key(self, ref):
+        key = self.mgr.index.key_of(*ref)
+        return None if key is None else self.key_for(ref.kind, ref.group, key[0], key[1])
 
     # -- loads ---------------------------------------------------------------------------------
     def start(self, plan):

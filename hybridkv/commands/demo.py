@@ -6,9 +6,10 @@ import time
 
 NAME = "demo"
 HELP = ("run a multi-turn, multi-tenant chat workload through hk.Engine on V4Mini (CPU, local "
-        "disk tier in a temp dir): per-group hit lengths, tokens reused vs recomputed, disk "
-        "spills / loads, the fast proof of the spec invariants, and every output checked "
-        "against a cold run with the same chunking")
+        "disk tier in a temp dir; the model reads the cache manager's blocks): per-group hit "
+        "lengths, tokens reused vs recomputed, snapshot bytes copied on hits, disk spills / "
+        "loads, the fast proof of the spec invariants, and every output checked against a "
+        "cold run")
 
 
 def add_arguments(parser):
@@ -84,23 +85,20 @@ def _turn(eng, model, convs, hist, turn, rows, tot, phase):
 
 def _disk_stats(engines):
     out = dict.fromkeys(("object_spills", "object_loads_verified", "object_load_failures",
-                         "ckpt_spills", "ckpt_loads", "ckpt_load_failures", "disk_hits",
-                         "recompute_fallbacks"), 0)
+                         "disk_hits"), 0)
     for eng in engines:
-        es, ds = eng.stats(), eng.cache.stats()["disk"]
-        for k, v in (("object_spills", ds["spilled"]), ("object_loads_verified",
-                     ds["load_verified"]), ("object_load_failures", ds["load_miss"])):
-            out[k] += v
-        for k in ("ckpt_spills", "ckpt_loads", "ckpt_load_failures", "disk_hits",
-                  "recompute_fallbacks"):
-            out[k] += es[k]
+        ds = eng.cache.stats()["disk"]
+        out["object_spills"] += ds.get("spilled", 0)
+        out["object_loads_verified"] += ds.get("load_verified", 0)
+        out["object_load_failures"] += ds.get("load_miss", 0)
+        out["disk_hits"] += eng.stats()["disk_hits"]
     return out
 
 
 def run(args):
-    """Turns 0 .. turns-1 on one engine; then every cached object and model checkpoint is
-    spilled, the process "restarts" (a new CacheManager and Engine on the same disk directory,
-    nothing in memory) and runs one more turn, which resumes from verified disk loads."""
+    """Turns 0 .. turns-1 on one engine; then every cached object is spilled, the process
+    "restarts" (a new CacheManager and Engine on the same disk directory, nothing in memory)
+    and runs one more turn, which resumes from verified disk loads into pool blocks."""
     import torch
 
     import hybridkv as hk
@@ -120,19 +118,21 @@ def run(args):
         for phase, turns in (("live", range(args.turns)),
                              ("after restart", range(args.turns, args.turns + 1))):
             disk = hk.DiskTier(d, capacity_bytes=64 << 20)
-            cache = hk.CacheManager(hk.ModelLayout.v4_mini(), num_blocks=args.blocks,
-                                    disk=disk)
+            cache = hk.CacheManager(model.layout(), num_blocks=args.blocks, disk=disk)
             eng = Engine(model, cache, num_draft_tokens=args.draft_tokens)
             engines.append(eng)
             for turn in turns:
                 _turn(eng, model, convs, hist, turn, rows, tot, phase)
-            cache.spill_all()
-            eng.store.spill_all()
+            cache.spill_all(30.0)
             disk.close()
     del tot["_new"]
     dstat = _disk_stats(engines)
+    copied = [e.cache.stats()["snapshot_bytes_copied"] for e in engines]
     tot.update(requests=len(rows), graph_captures=sum(e.graph.captures for e in engines),
                graph_replays=sum(e.graph.replays for e in engines), invariants="ok",
+               snapshot_bytes_restored=sum(c["restored_on_hit"] for c in copied),
+               snapshot_bytes_captured=sum(c["captured"] for c in copied),
+               replans=sum(e.stats()["replans"] + e.stats()["launch_refused"] for e in engines),
                disk=dstat, workload_seconds=round(time.time() - t0, 3))
     if not args.no_proof:
         tot["proof"] = proof_status()
@@ -154,12 +154,12 @@ def run(args):
               f"mismatches vs cold run {tot['mismatches']}, preemptions {tot['preemptions']}, "
               f"drafts accepted {tot['accepted']}/{tot['drafted']}, graph captures "
               f"{tot['graph_captures']} / replays {tot['graph_replays']}, invariants ok")
-        print(f"disk tier: {dstat['object_spills']} objects + {dstat['ckpt_spills']} model "
-              f"checkpoints spilled; {dstat['object_loads_verified']} objects + "
-              f"{dstat['ckpt_loads']} model checkpoints loaded (verified), "
-              f"{dstat['object_load_failures'] + dstat['ckpt_load_failures']} failed loads; "
-              f"{dstat['disk_hits']} requests resumed from disk, "
-              f"{dstat['recompute_fallbacks']} recompute fallbacks")
+        print(f"snapshot bytes copied: {tot['snapshot_bytes_restored']} restored on hits "
+              f"(chain blocks read in place), {tot['snapshot_bytes_captured']} captured")
+        print(f"disk tier: {dstat['object_spills']} blocks spilled; "
+              f"{dstat['object_loads_verified']} loaded (verified) into pool blocks, "
+              f"{dstat['object_load_failures']} failed loads; "
+              f"{dstat['disk_hits']} requests resumed from disk")
         if "proof" in tot:
             print("\n".join(proof_lines(tot["proof"])))
         print(f"{tot['seconds']} s")

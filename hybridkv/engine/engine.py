@@ -111,8 +111,8 @@ class Engine:
         cache.prefetch(req.rid)
         cache.wait_loads(self.load_timeout)
         after = cache.disk_link.counts
-        self.counts["disk_obj_loads"] += after["load_verified"] - before["load_verified"]
-        self.counts["disk_obj_load_failures"] += after["load_miss"] - before["load_miss"]
+        self.counts["disk_obj_loads"] += after["load_verified"] - before.get("load_verified", 0)
+        self.counts["disk_obj_load_failures"] += after["load_miss"] - before.get("load_miss", 0)
         again = cache.lookup(req.rid, req.seq, req.salt)
         return again, again.reuse_tokens > plan.reuse_tokens
 

@@ -13,7 +13,7 @@ _EXPORTS = {
     "HitPlan": "hybridkv.cache",
     "Rejection": "hybridkv.cache",
     **{name: "hybridkv.errors" for name in (
-        "AdmissionRefused", "RequestTooLarge", "BadArgument", "BadTokens", "BadSalt",
+        "CacheError", "AdmissionRefused", "RequestTooLarge", "BadArgument", "BadTokens", "BadSalt",
         "UnknownRequest", "CommitPastAllocation", "RequestBusy", "DraftsPending", "StaleRead",
         "Refused", "LayoutError", "InvariantViolation")},
 }

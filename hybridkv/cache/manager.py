@@ -47,6 +47,22 @@ STATE_NAMES = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned
                LOADING: "loading", STALE: "stale"}
 
 
+class LivePins:
+    """Pins of a request's reads, read from the pool records each time they are iterated."""
+    __slots__ = ("pools", "reads")
+
+    def __init__(self, pools, reads):
+        self.pools, self.reads = pools, reads
+
+    def __iter__(self):
+        for r in self.reads:
+            rec = self.pools[(r.ref.kind, r.ref.group)].recs[r.ref.block]
+            yield PinCheck(rec.pins, r.ver, rec.ver, r.ep, rec.ep)
+
+    def __len__(self):
+        return len(self.reads)
+
+
 def _device(device):
     import torch
     try:
@@ -256,15 +272,11 @@ class CacheManager:
 
     @locked
     def launch_pins(self, request_id, group=None):
-        """PinCheck per pinned object the request reads (in ``group``), with the values as
-        they are now: a kernel launch refuses any that fails spec can_read_pinned."""
+        """The pins of every shared block the request reads (in ``group``): re-iterable, each
+        iteration yields a PinCheck with the block's values *as they are then*, so a kernel
+        launch that checks them (spec can_read_pinned) checks the state at its launch."""
         req = self._request(request_id)
-        out = []
-        for r in req.reads:
-            if group is None or r.ref.group == group:
-                rec = self.pools[(r.ref.kind, r.ref.group)].recs[r.ref.block]
-                out.append(PinCheck(rec.pins, r.ver, rec.ver, r.ep, rec.ep))
-        return out
+        return LivePins(self.pools, [r for r in req.reads if group is None or r.ref.group == group])
 
     @locked
     def begin_read(self, request_id):

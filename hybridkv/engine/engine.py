@@ -156,9 +156,12 @@ class Engine:
                 return None
             except AdmissionRefused as e:
                 victim = self.sched.victim(req)
-                if victim is None:
+                if victim is None and len(self.sched.running) == 1:
                     self._fail(req, CannotSchedule("request does not fit an empty cache",
                                                    (req.index, e.value)))
+                    return None
+                if victim is None:              # only older requests hold blocks: wait
+                    self._requeue(req, "waits")
                     return None
                 victim.preemptions += 1
                 self._requeue(victim, "preemptions")

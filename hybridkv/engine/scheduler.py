@@ -4,10 +4,11 @@ Iteration-level scheduling: every engine step gives each running request one uni
 (a chunk of known tokens of at most ``chunk`` tokens, cut at absolute multiples of ``chunk``
 and at the cache's checkpoint positions, or one decode step, possibly with drafts) within a
 per-step token budget, and runs all of it in one forward.  At most ``max_running`` requests
-hold cache state at once; waiting ones are admitted between steps, in order.  Preemption picks
-the most recently admitted running request; a preempted request goes back to the front of the
-queue and later resumes through a fresh lookup (its generated tokens are part of its prompt
-then).
+hold cache state at once; waiting ones are admitted between steps, in order.  A request that
+cannot get blocks preempts the most recently admitted request younger than itself; with none,
+it waits (back to the queue) unless it runs alone, in which case it can never fit.  So the
+oldest request always progresses.  A preempted request goes back to the front of the queue and
+later resumes through a fresh lookup (its generated tokens are part of its prompt then).
 """
 from collections import deque
 from dataclasses import dataclass, field
@@ -99,12 +100,11 @@ class Scheduler:
             return req
         return None
 
-    def victim(self, other_than):
-        """The most recently admitted running request that is not ``other_than``."""
-        for req in reversed(self.running):
-            if req is not other_than:
-                return req
-        return None
+    def victim(self, of):
+        """The most recently admitted running request admitted after ``of`` (a request only
+        preempts younger ones, so the oldest always progresses), or None."""
+        later = self.running[self.running.index(of) + 1:]
+        return later[-1] if later else None
 
     def requeue(self, req):
         self.running.remove(req)

@@ -142,7 +142,7 @@ class V4Mini:
             swa_pool[pages, pos % c.window] = _mm(xn, p["wkv"])
             plan = plan_attention([SeqSlice(w.start, n, t.swa, t.comp, t.idx)
                                    for w, n, t in zip(batch, ns, tabs)], c.top_k, dev)
-            pins = [pc for w in batch for pc in w.pins.get(group, ())]
+            pins = _Pins([w.pins.get(group, ()) for w in batch])
             kw = dict(backend=be, pins=pins, swa_abi=abi["swa"])
             if kind == "swa":
                 o = swa_attention(q, swa_pool, plan, p["sink"], c.window, **kw)
@@ -171,6 +171,18 @@ class V4Mini:
         """The cache layout this model's memory has (hybridkv.ModelLayout.from_model)."""
         from hybridkv.layout import ModelLayout
         return ModelLayout.from_model(self.cfg)
+
+
+class _Pins:
+    """The pins of every request of a launch, chained; iterated anew by each launch (the cache's
+    LivePins read the blocks' current values then)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def __iter__(self):
+        for part in self.parts:
+            yield from part
 
 
 class SeqWork(NamedTuple):

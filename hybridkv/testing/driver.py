@@ -48,6 +48,8 @@ def _aligned(d, r, ref, H):
 
 LOOKUP_CHECKS = {"phase": lambda d, r, ref, H: d.state.req[r].ph == IDLE, "aligned": _aligned}
 # spec.system.can_launch: the phase, then the runtime's TOCTOU re-check (CacheManager.read_ok)
+# spec.system.can_admit: the runtime's admission rule (Admission.admits: funnel.can_admit_objects)
+ADMIT_CHECKS = {"admit": lambda d: d.mgr.admission.admits(1)}
 LAUNCH_CHECKS = {"phase": lambda d, r: d.state.req[r].ph == HELD,
                  "read_ok": lambda d, r: all(d.mgr.read_ok(x) for x in d.reads(r))}
 
@@ -139,8 +141,11 @@ class ObjectDriver:
         return self.pools[k].fire(i, event, *args)
 
     # -- memory objects ----------------------------------------------------------------------
+    def admits(self):
+        return all(fn(self) for fn in ADMIT_CHECKS.values())
+
     def write(self, k, i, p, draft=0):
-        self._need(self.mgr.admission.admits(1), "admission")
+        self._need(self.admits(), "admission")
         self._can(k, i, "draft" if draft else "write")
         self.pools[k].write(i, p, draft)
 

@@ -17,7 +17,7 @@ IDX = KINDS.index("idx")
 _DISK = table_for(DiskPrefixMachine)
 # spec.system.can_load_start: I2 (copy loads into its own kind), I1 (the runtime's admission)
 LOAD_START_CHECKS = {"kind": lambda d, dd, k: d.state.disk[dd].kind == k,
-                     "admit": lambda d, dd, k: d.mgr.admission.admits(1),
+                     "admit": lambda d, dd, k: d.admits(),
                      "version": lambda d, dd, k: d.state.disk[dd].kind != IDX
                      or d.state.disk[dd].x == d.mgr.miv}
 BLANK = {f: 0 for f in DiskRec._fields if f != "st"}     # a freed slot forgets its copy
@@ -37,7 +37,7 @@ def _disk_fire(self, d, event, **fields):
 
 def spill_start(self, d, k, i):
     o = self.pools[k].recs[i]
-    self._need(self.mgr.admission.admits(1), "admission")
+    self._need(self.admits(), "admission")
     _disk_can(self, d, "spill_start")
     self._can(k, i, "pin")
     a, b, x = common.content(o)

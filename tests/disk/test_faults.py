@@ -13,7 +13,7 @@ import torch
 
 from hybridkv.disk import BadInput, faultkit, faults, faults_proc, faults_tier
 from hybridkv.disk.loader import LoadResult, LoadStatus
-from redis_server import require_redis_server
+from tests.disk.redis_server import require_redis_server
 
 SCENARIOS = faults.LOCAL + faults_tier.TIER + [faults_proc.crash_before_rename,
                                                faults_proc.two_process_race,

@@ -109,7 +109,7 @@ def test_bmc_kills_a_seeded_bug_and_trace_replays():
     m = find("common.can_unpin_keep#0")
     with applied(m):
         e = Encoding(FAST)
-        res = run_bmc(e, INVARIANTS, 4, mutant=m.as_json(), stop_at_first=True)
+        res = run_bmc(e, INVARIANTS, 6, mutant=m.as_json(), stop_at_first=True)
         broken = [r for r in res.invariants if r.violated]
         assert broken
         t = broken[0].trace
@@ -159,7 +159,7 @@ def test_minimize_keeps_the_violation():
 
 def _golden(name):
     import pathlib
-    return pathlib.Path(__file__).parent / "golden" / f"{name}.json"
+    return pathlib.Path(__file__).parents[1] / "golden" / f"{name}.json"
 
 
 def test_cli_json_fast():

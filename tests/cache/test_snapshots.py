@@ -38,10 +38,13 @@ def _interleaved(num_blocks, seed, checked):
                     seq.append(rng.randrange(256))
                 n = min(len(seq) - L, rng.choice((3, 4, 8)))
                 try:
-                    L = cache.allocate(rid, n).start    # the plan may shrink at first allocate
-                    cache.commit(rid, n, seq[L:L + n])
+                    a = cache.allocate(rid, n)
+                    for P in [p for p in a.checkpoints if L < p < L + n] + [L + n]:
+                        cache.commit(rid, P - L, seq[L:P])
+                        L = P
+                    L -= n
                     commits += 1
-                except hk.AdmissionRefused:
+                except (hk.AdmissionRefused, hk.StaleRead):
                     refusals += 1
                     cache.free(rid)
                     del live[rid]

@@ -11,7 +11,7 @@ import xxhash
 
 from hybridkv.disk import DiskMeta, DiskTier, LoadStatus
 from hybridkv.disk import format as fmt
-from redis_server import redis_server
+from tests.disk.redis_server import redis_server
 
 M = DiskMeta("compressed_kv", abi=12, tok_lo=0, tok_hi=128)
 

@@ -11,7 +11,7 @@ from spec import dual
 from spec.config import Ctx, SysConfig
 from spec.state import RECS, initial
 from spec.step import actions, step
-from tests.spec_symbolic import WIDTH, evaluate, symbolize
+from tests.spec.spec_symbolic import WIDTH, evaluate, symbolize
 
 C = SysConfig(n_obj=2, n_disk=1, n_req=2, n_graph=1, max_pos=3, ratio=2, overlap=2, window=2,
               granule=1, max_ver=2, max_ep=1, max_iv=1, cap=2)

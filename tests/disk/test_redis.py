@@ -7,7 +7,7 @@ import torch
 
 from hybridkv.disk import DiskMeta, DiskTier, LoadStatus
 from hybridkv.disk.redis_backend import RedisBackend
-from redis_server import redis_server
+from tests.disk.redis_server import redis_server
 
 M = DiskMeta("swa", abi=2, tok_lo=0, tok_hi=128)
 

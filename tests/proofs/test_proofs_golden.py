@@ -10,7 +10,7 @@ from spec import INVARIANTS, step
 from proofs import trace as tr
 from proofs.mutate import Mutant, applied
 
-GOLDEN = sorted((pathlib.Path(__file__).parent / "golden").glob("*.json"))
+GOLDEN = sorted((pathlib.Path(__file__).parents[1] / "golden").glob("*.json"))
 
 
 def test_golden_traces_exist():

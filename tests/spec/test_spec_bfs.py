@@ -14,7 +14,7 @@ from spec.config import SysConfig
 from spec.state import initial
 from spec.step import actions
 from spec.system import can_launch, can_lookup
-from tests.spec_mutants import drop_conjuncts
+from tests.spec.spec_mutants import drop_conjuncts
 
 BASE = dict(n_obj=1, n_req=1, max_pos=1, window=1, cap=1)
 LOADS = {"load_start", "load_ok", "load_bad", "load_cancel"}

@@ -18,7 +18,7 @@ from proofs.mutate import applied, find
 from proofs.run import DEEP, FAST
 from proofs.satbmc import SatUnrolling, deep_bmc, sat_bmc, template
 
-GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 # short golden traces; each names its own mutant and configuration
 SEEDED = ("system.can_admit_0", "common.can_unpin_keep_0")
 

@@ -7,7 +7,7 @@ import torch
 
 from hybridkv.disk import DiskMeta, DiskTier, HookedBackend, LoadStatus, LocalBackend
 from hybridkv.disk.blobs import remove_if_unchanged
-from redis_server import redis_server
+from tests.disk.redis_server import redis_server
 
 M = DiskMeta("swa", abi=7, tok_lo=0, tok_hi=64)
 

@@ -61,8 +61,8 @@ def payload(i, n=64 * 1024):
 class Counter:
     """Calls the tier like an engine would and counts what the module doc lists."""
 
-    def __init__(self, deadline=CALL_DEADLINE_S):
-        self.deadline = deadline
+    def __init__(self, deadline=CALL_DEADLINE_S, named=(DiskError,)):
+        self.deadline, self.named = deadline, named
         self.wrong = self.crashes = self.unnamed = self.hangs = self.trials = 0
         self.intact_lost = 0
         self.max_seconds = None    # slowest call timed with ``timed``
@@ -104,7 +104,7 @@ class Counter:
         e = box.get("error")
         if e is not None:
             self.crashes += 1
-            self.unnamed += not isinstance(e, DiskError)
+            self.unnamed += not isinstance(e, self.named)
             self.notes.append(f"{name} raised {type(e).__name__}: {e}")
         return box.get("value"), box["seconds"]
 

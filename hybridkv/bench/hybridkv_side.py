@@ -12,7 +12,10 @@ requests only) plus a "hybridkv" object (`vs_vllm` writes it):
     {"layout": {"preset": "v4-mini" | "full", ...keyword arguments of ModelLayout.v4_mini /
                 ModelLayout.full},
      "num_blocks": int | {"kind/group": int, ...}, "every_n": 512, "device": "cpu" | "meta",
-     "guards": "on" | "stubbed", "checked": false, "warmup": 0}
+     "guards": "on" | "stubbed", "checked": false, "warmup": 0, "refusal_reps": 0}
+
+With "refusal_reps": N > 0, after the replay `allocate(rid, 10**9)` is timed N times on the cache
+the stream left behind, on a looked-up request and on a running one (`measure_refusal`).
 
 The flow per request is the API's (API_BRIEF): `lookup` (token checks, hashing and the funnel:
 hybridkv hashes inside its lookup), the prefill `allocate(rid, n)` of the uncached rest, then its
@@ -52,7 +55,7 @@ CALL_TYPES = ("lookup", "lookup_hash", "lookup_excl_hash", "prefill_allocate", "
 VOCAB = 32_000          # vllm_side.VOCAB: decode tokens wrap at it
 HYBRIDKV_DEFAULTS = {"layout": {"preset": "full", "block_size": 16}, "num_blocks": 4096,
                      "every_n": 0, "device": "cpu", "guards": "on", "checked": False,
-                     "warmup": 0}
+                     "warmup": 0, "refusal_reps": 0}
 
 
 # -- guards ---------------------------------------------------------------------------------
@@ -283,6 +286,7 @@ def replay(config, hk, requests):
     setup_s = time.perf_counter() - t0
     driver = Driver(cache)
     gc.collect()
+    gc.freeze()   # as vllm_side does (vLLM's EngineCore freezes the start-up heap)
     t0 = time.perf_counter()
     runner(driver, requests)
     return driver, cache, setup_s, time.perf_counter() - t0
@@ -336,34 +340,14 @@ def run(config, hk, requests):
             runner(Driver(build_manager(hk)), warm)
             del warm
         out = replay(config, hk, requests)
-    return result(config, hk, requests, *out)
+        res = result(config, hk, requests, *out)
+        if hk["refusal_reps"]:          # on the cache the stream left behind
+            res["refusal"] = [measure_refusal(out[1], requests[0]["prompt"], hk["refusal_reps"],
+                                              state) for state in ("looked-up", "running")]
+    return res
 
 
-# -- extras: hybridkv-only measurements ----------------------------------------------------------
-def _p50s(driver):
-    return {name: summarize(driver.times_ns[name])["p50"] for name in CALL_TYPES}
-
-
-def _timed_ns(driver):
-    return sum(sum(driver.times_ns[k]) for k in ("lookup", "prefill", "decode_step", "free"))
-
-
-def _median(values):
-    import statistics
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _alternate(rounds, modes, measure):
-    """{mode: [measure(mode) per round]}, the order of ``modes`` flipped every other round."""
-    out = {m: [] for m in modes}
-    for i in range(rounds):
-        for m in (modes if i % 2 == 0 else modes[::-1]):
-            out[m].append(measure(m))
-            gc.collect()
-    return out
-
-
+# -- the 10**9 refusal ---------------------------------------------------------------------------
 def _state(cache, rid):
     s = cache.stats()
     req = cache.requests.get(rid)
@@ -376,7 +360,7 @@ def _state(cache, rid):
 def measure_refusal(cache, prompt, reps, state):
     """Time ``allocate(rid, 10**9)`` (``reps`` times) on a looked-up request (``state`` =
     'looked-up') or one that allocated and committed its prompt ('running'); check it is
-    refused and changes nothing."""
+    refused and changes nothing (pools, index, the request)."""
     from hybridkv.errors import AdmissionRefused
     rid = f"refuse-{state}"
     cache.lookup(rid, prompt)
@@ -404,108 +388,15 @@ def measure_refusal(cache, prompt, reps, state):
             "unchanged": unchanged, "cache_kv_bytes_held": before[0]["kv_bytes_held"]}
 
 
-def run_extras(spec):
-    """Guard overhead, checked-mode cost, 10**9 refusal (on the stream's cache after a replay),
-    decode p50 at a long vs a short context.  ``spec``: {"stream", "rounds", "checked_limit",
-    "context": {"short", "long", "steps", "budget"}, "refusal_reps", "device"}."""
-    import torch
-    torch.set_num_threads(1)
-    config, hk, requests = load_stream(spec["stream"])
-    rounds = spec["rounds"]
-    out = {"stream": os.path.basename(spec["stream"]), "rounds": rounds}
-
-    # guards on vs stubbed (same stream, same sizes); the refusal on the first loaded cache
-    refusal = []
-
-    def guards(mode):
-        with stubbed_guards() if mode == "stubbed" else contextlib.nullcontext():
-            driver, cache, _, wall = replay(config, dict(hk, guards=mode), requests)
-            if mode == "on" and not refusal:
-                for state in ("looked-up", "running"):
-                    refusal.append(measure_refusal(cache, requests[0]["prompt"],
-                                                   spec["refusal_reps"], state))
-        return {"p50": _p50s(driver), "timed_s": _timed_ns(driver) / 1e9, "wall_s": wall,
-                "hit_tokens": driver.hit_tokens}
-    g = _alternate(rounds, ["on", "stubbed"], guards)
-    on_s, stub_s = (_median([r["timed_s"] for r in g[m]]) for m in ("on", "stubbed"))
-    out["guards"] = {
-        "overhead": on_s / stub_s - 1, "on_timed_s": on_s, "stubbed_timed_s": stub_s,
-        "timed_s_rounds": {m: [round(r["timed_s"], 4) for r in g[m]] for m in g},
-        "p50_ratio_on_over_stubbed": {
-            name: (None if not _median([r["p50"][name] for r in g["stubbed"]]) else round(
-                _median([r["p50"][name] for r in g["on"]])
-                / _median([r["p50"][name] for r in g["stubbed"]]), 3))
-            for name in ("lookup", "prefill_allocate", "prefill_commit", "prefill",
-                         "decode_step", "free")},
-        "p50_us": {m: {name: _median([r["p50"][name] for r in g[m]]) for name in CALL_TYPES}
-                   for m in g},
-        "same_hits": len({r["hit_tokens"] for m in g for r in g[m]}) == 1,
-        "hit_tokens": {m: g[m][0]["hit_tokens"] for m in g},
-    }
-    out["refusal"] = refusal
-
-    # checked mode on vs off on the first requests
-    small = requests[:spec["checked_limit"]]
-
-    def checked(mode):
-        driver, _, _, wall = replay(config, dict(hk, checked=mode == "on"), small)
-        return {"p50": _p50s(driver), "timed_s": _timed_ns(driver) / 1e9}
-    c = _alternate(rounds, ["on", "off"], checked)
-    c_on, c_off = (_median([r["timed_s"] for r in c[m]]) for m in ("on", "off"))
-    out["checked"] = {
-        "requests": len(small), "ratio": c_on / c_off, "on_timed_s": c_on, "off_timed_s": c_off,
-        "p50_ratio_on_over_off": {
-            name: round(_median([r["p50"][name] for r in c["on"]])
-                        / _median([r["p50"][name] for r in c["off"]]), 3)
-            for name in ("lookup", "prefill", "decode_step", "free")
-            if _median([r["p50"][name] for r in c["off"]])}}
-
-    # decode at a long vs a short context: one request, decode mode
-    from hybridkv.bench.vllm_streams import decode_stream
-    from hybridkv.bench.vs_vllm import hybridkv_pool_sizes
-    ctx = spec["context"]
-    out["context"] = []
-    for lay_spec, every_n in ((hk["layout"], hk["every_n"]),
-                              ({"preset": "full", "block_size": 16}, 0)):
-        layout = make_layout(lay_spec)
-        sizes = hybridkv_pool_sizes(layout, ctx["budget"], every_n, ctx["long"] + ctx["steps"], 1)
-        h = dict(hk, layout=lay_spec, every_n=every_n,
-                 num_blocks={f"{k}/{g}": n for (k, g), n in sizes.items()})
-        streams = {n: decode_stream(1, ctx["steps"], n, 0, seed=n)["requests"]
-                   for n in (ctx["short"], ctx["long"])}
-
-        def context(n):
-            driver, _, _, _ = replay({"mode": "decode"}, h, streams[n])
-            t = summarize(driver.times_ns["decode_step"])
-            return {"p50": t["p50"], "p99": t["p99"], "prefill_us":
-                    summarize(driver.times_ns["prefill"])["p50"]}
-        r = _alternate(rounds, [ctx["short"], ctx["long"]], context)
-        short, long_ = (_median([x["p50"] for x in r[n]]) for n in (ctx["short"], ctx["long"]))
-        out["context"].append({
-            "layout": lay_spec["preset"], "every_n": every_n, "short": ctx["short"],
-            "long": ctx["long"], "steps": ctx["steps"], "short_p50": short, "long_p50": long_,
-            "ratio": long_ / short,
-            "short_p99": _median([x["p99"] for x in r[ctx["short"]]]),
-            "long_p99": _median([x["p99"] for x in r[ctx["long"]]]),
-            "p50_rounds": {str(n): [x["p50"] for x in r[n]] for n in r}})
-    return out
-
-
 def main(argv):
-    extras = len(argv) == 3 and argv[1] == "--extras"
-    if len(argv) != 2 and not extras:
-        print("usage: python -m hybridkv.bench.hybridkv_side [--extras] STREAM.json",
-              file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: python -m hybridkv.bench.hybridkv_side STREAM.json", file=sys.stderr)
         return 2
     out = os.fdopen(os.dup(1), "w")       # stdout carries exactly one JSON object
     sys.stdout.flush()
     os.dup2(2, 1)
-    if extras:
-        with open(argv[2]) as f:
-            res = run_extras(json.load(f))
-    else:
-        config, hk, requests = load_stream(argv[1])
-        res = run(config, hk, requests)
+    config, hk, requests = load_stream(argv[1])
+    res = run(config, hk, requests)
     out.write(json.dumps(res) + "\n")
     out.flush()
     return 0

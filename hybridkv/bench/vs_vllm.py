@@ -40,9 +40,9 @@ its vLLM process back to back (hybridkv first in even rounds, vLLM first in odd 
 falls on both).  Reported: per side and call type the median over rounds of each round's
 p50 / p99, and the ratio table hybridkv p50 / vLLM p50 per call type (< 1: hybridkv faster).
 
-Extras (hybridkv only, one process, `hybridkv_side --extras`): decode p50 at a 64k-token
-context vs 2k, the guard overhead (every spec guard stubbed to True vs on), the checked-mode
-cost, and the time `allocate(rid, 10**9)` takes to be refused.
+Extras (hybridkv only, `run_extras`, hybridkv_side processes in interleaved rounds): decode p50
+at a 64k-token context vs 2k, the guard overhead (every spec guard stubbed to True vs on), the
+checked-mode cost, and the time `allocate(rid, 10**9)` takes to be refused.
 """
 from __future__ import annotations
 
@@ -182,10 +182,10 @@ def _env() -> dict:
     return env
 
 
-def run_hybridkv_side(stream_path: str, timeout_s: float = 600, extras: bool = False) -> dict:
-    """Run hybridkv_side on a stream (or an extras spec) in a fresh process of this python."""
-    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side"]
-    cmd += ["--extras", stream_path] if extras else [stream_path]
+def run_hybridkv_side(stream_path: str, timeout_s: float = 600) -> dict:
+    """Run hybridkv_side on a stream in a fresh process of this python (this checkout first on
+    PYTHONPATH); raises RuntimeError with stderr's tail on failure."""
+    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side", stream_path]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                           env=_env(), cwd=vllm_streams.REPO_ROOT)
     if proc.returncode != 0:
@@ -314,23 +314,115 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
             t0 = time.perf_counter()
             main_job = next((j for j in jobs if j["stream"] == "mooncake"
                              and j["pairing"] == "v4-mini"), jobs[0])
-            spec = {"stream": main_job["path"], "rounds": args.rounds,
-                    "checked_limit": args.checked_limit,
-                    "context": {"short": 2048, "long": 65536, "steps": 256, "budget": budget},
-                    "refusal_reps": 20, "device": args.device}
-            path = os.path.join(tmp, "extras.json")
-            with open(path, "w") as f:
-                json.dump(spec, f)
-            try:
-                out["extras"] = run_hybridkv_side(path, args.timeout, extras=True)
-                log(f"extras: {time.perf_counter() - t0:.1f}s")
-            except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
-                out["errors"].append({"extras": str(e)[-2000:]})
-                log(f"extras FAILED: {e}")
+            out["extras"] = run_extras(main_job["path"], args, budget, tmp, log, out["errors"])
+            log(f"extras: {time.perf_counter() - t0:.1f}s")
     out["ratio_table"] = [{"stream": j["stream"], "pairing": j["pairing"], "row": row,
                            "ratio_p50": r["ratio_p50"]}
                           for j in out["jobs"] for row, r in j.get("ratios", {}).items()]
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
+    return out
+
+
+# -- hybridkv-only extras ---------------------------------------------------------------------
+def _stat(results, key):
+    return _median([key(r) for r in results])
+
+
+def run_extras(main_path: str, args, budget: int, tmp: str, log, errors: list) -> dict:
+    """Hybridkv-only measurements, every one a pair of hybridkv_side processes run in
+    interleaved rounds (the order flipped every other round), like the main comparison:
+      guards    the main job's stream (mooncake / v4-mini by default), every spec guard on vs
+                stubbed to True: overhead = median timed call time on / stubbed - 1; the
+                guards-on process of round 0 also times allocate(rid, 10**9) on the cache the
+                stream left (refusal);
+      checked   its first --checked-limit requests, checked mode on vs off;
+      context   one request, decode mode, a short vs a long prompt (2048 / 65536 tokens, 256
+                decode steps), in the main job's layout and in the full layout: decode_step p50
+                long / short (at least 5 rounds: one step is a few microseconds)."""
+    from hybridkv.bench.hybridkv_side import make_layout
+    with open(main_path) as f:
+        base = json.load(f)
+    hk = base["hybridkv"]
+    files = {}
+
+    def put(name, stream):
+        files[name] = os.path.join(tmp, f"extra-{name}.json")
+        vllm_streams.write_stream(files[name], stream)
+    put("guards-on", dict(base, hybridkv=dict(hk, refusal_reps=args.refusal_reps)))
+    put("guards-stubbed", dict(base, hybridkv=dict(hk, guards="stubbed")))
+    small = dict(base, requests=base["requests"][:args.checked_limit])
+    put("checked-on", dict(small, hybridkv=dict(hk, checked=True)))
+    put("checked-off", small)
+    short, long_, steps = args.context
+    layouts = {hk["layout"]["preset"]: (hk["layout"], hk["every_n"]),
+               "full": ({"preset": "full", "block_size": 16}, 0)}
+    for preset, (spec, every_n) in layouts.items():
+        sizes = hybridkv_pool_sizes(make_layout(spec), budget, every_n, long_ + steps, 1)
+        h = dict(hk, layout=spec, every_n=every_n, refusal_reps=0,
+                 num_blocks={f"{k}/{g}": n for (k, g), n in sizes.items()})
+        for n in (short, long_):
+            reqs = vllm_streams.decode_stream(1, steps, n, 0, seed=n)["requests"]
+            put(f"context-{preset}-{n}", {"mode": "decode", "hybridkv": h, "requests": reqs})
+    del base, small
+    plan = [("guards-on", "guards-stubbed", args.rounds),
+            ("checked-on", "checked-off", args.rounds)]
+    plan += [(f"context-{p}-{short}", f"context-{p}-{long_}",
+              max(args.rounds, getattr(args, "context_min_rounds", 5)))
+             for p in layouts]
+    res = {name: [] for name in files}
+    for a, b, rounds in plan:
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            for name in ([a, b] if i % 2 == 0 else [b, a]):
+                try:
+                    res[name].append(run_hybridkv_side(files[name], args.timeout))
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                    errors.append({"extra": name, "round": i, "error": str(e)[-2000:]})
+                    log(f"extra {name} round {i}: FAILED {e}")
+        log(f"extras {a} / {b}: {rounds} rounds, {time.perf_counter() - t0:.1f}s")
+    out = {"stream": files["guards-on"], "rounds": args.rounds}
+    calls = ("lookup", "prefill_allocate", "prefill_commit", "prefill", "decode_step", "free")
+
+    def p50(name, call):
+        return _stat(res[name], lambda r: r["timings_us"][call]["p50"])
+    on, stub = res["guards-on"], res["guards-stubbed"]
+    if on and stub:
+        on_s, stub_s = _stat(on, lambda r: r["timed_s"]), _stat(stub, lambda r: r["timed_s"])
+        out["guards"] = {
+            "overhead": round(on_s / stub_s - 1, 4), "on_timed_s": on_s,
+            "stubbed_timed_s": stub_s,
+            "timed_s_rounds": {"on": [r["timed_s"] for r in on],
+                               "stubbed": [r["timed_s"] for r in stub]},
+            "p50_us": {"on": {c: p50("guards-on", c) for c in calls},
+                       "stubbed": {c: p50("guards-stubbed", c) for c in calls}},
+            "p50_ratio_on_over_stubbed": {c: _ratio(p50("guards-on", c),
+                                                    p50("guards-stubbed", c)) for c in calls},
+            "same_hits": len({r["hits"]["hit_tokens"] for r in on + stub}) == 1,
+            "hit_tokens": on[0]["hits"]["hit_tokens"]}
+        out["refusal"] = on[0].get("refusal", [])
+    c_on, c_off = res["checked-on"], res["checked-off"]
+    if c_on and c_off:
+        a_s, b_s = _stat(c_on, lambda r: r["timed_s"]), _stat(c_off, lambda r: r["timed_s"])
+        out["checked"] = {
+            "requests": c_on[0]["hits"]["lookups"], "ratio": round(a_s / b_s, 3),
+            "on_timed_s": a_s, "off_timed_s": b_s,
+            "p50_ratio_on_over_off": {c: _ratio(p50("checked-on", c), p50("checked-off", c))
+                                      for c in calls}}
+    out["context"] = []
+    for p in layouts:
+        s_name, l_name = f"context-{p}-{short}", f"context-{p}-{long_}"
+        if not (res[s_name] and res[l_name]):
+            continue
+        sp, lp = p50(s_name, "decode_step"), p50(l_name, "decode_step")
+        out["context"].append({
+            "layout": p, "short": short, "long": long_, "steps": steps,
+            "rounds": len(res[s_name]), "short_p50": sp, "long_p50": lp, "ratio": _ratio(lp, sp),
+            "short_p99": _stat(res[s_name], lambda r: r["timings_us"]["decode_step"]["p99"]),
+            "long_p99": _stat(res[l_name], lambda r: r["timings_us"]["decode_step"]["p99"]),
+            "p50_rounds": {str(short): [r["timings_us"]["decode_step"]["p50"]
+                                        for r in res[s_name]],
+                           str(long_): [r["timings_us"]["decode_step"]["p50"]
+                                        for r in res[l_name]]}})
     return out
 
 
@@ -375,18 +467,20 @@ def report(out: dict) -> str:
     ex = out.get("extras")
     if ex:
         lines.append("")
-        lines.append("hybridkv only:")
+        lines.append(f"hybridkv only (median over rounds; stream {os.path.basename(ex['stream'])}):")
         for c in ex["context"]:
-            lines.append(f"  decode p50 at {c['long']} vs {c['short']} tokens ({c['layout']}): "
-                         f"{c['long_p50']:.2f} / {c['short_p50']:.2f} us = {c['ratio']:.3f} "
-                         f"(goal <= 1.5)")
-        g = ex["guards"]
-        lines.append(f"  guard overhead (on / stubbed - 1, timed call time): "
-                     f"{g['overhead']:+.3f} (goal <= +0.10); same hits: {g['same_hits']}")
-        c = ex["checked"]
-        lines.append(f"  checked mode on / off ({c['requests']} requests, timed call time): "
-                     f"{c['ratio']:.2f}x")
-        for r in ex["refusal"]:
+            lines.append(f"  decode p50 at {c['long']} vs {c['short']} tokens ({c['layout']}, "
+                         f"{c['rounds']} rounds): {c['long_p50']:.2f} / {c['short_p50']:.2f} us "
+                         f"= {c['ratio']:.3f} (goal <= 1.5)")
+        g = ex.get("guards")
+        if g:
+            lines.append(f"  guard overhead (on / stubbed - 1, timed call time): "
+                         f"{g['overhead']:+.3f} (goal <= +0.10); same hits: {g['same_hits']}")
+        c = ex.get("checked")
+        if c:
+            lines.append(f"  checked mode on / off ({c['requests']} requests, timed call "
+                         f"time): {c['ratio']:.2f}x")
+        for r in ex.get("refusal", []):
             lines.append(f"  allocate(rid, 10**9) on a {r['state']} request: refused "
                          f"({r['error']}) p50 {r['p50_us']:.1f} us, max {r['max_us']:.1f} us; "
                          f"nothing allocated: {r['unchanged']} (goal < 1000 us)")

@@ -31,6 +31,19 @@ def _names(choices):
     return parse
 
 
+def _ints(n):
+    def parse(text):
+        try:
+            vals = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            vals = ()
+        if len(vals) != n or min(vals) <= 0:
+            import argparse
+            raise argparse.ArgumentTypeError(f"{n} positive comma-separated ints: {text!r}")
+        return vals
+    return parse
+
+
 def add_arguments(p) -> None:
     from hybridkv.bench.vs_vllm import DEFAULT_BUDGET_MIB, PAIRINGS, STREAMS
     p.add_argument("what", choices=("vs-vllm", "allocator"))
@@ -59,6 +72,11 @@ def add_arguments(p) -> None:
     g.add_argument("--no-extras", dest="extras", action="store_false",
                    help="skip the hybridkv-only measurements (64k/2k decode, guards, checked, "
                         "10**9 refusal)")
+    g.add_argument("--context", type=_ints(3), default=(2048, 65536, 256),
+                   help="SHORT,LONG,STEPS of the decode-at-context extra (default "
+                        "2048,65536,256)")
+    g.add_argument("--refusal-reps", type=int, default=20,
+                   help="allocate(rid, 10**9) calls timed (extras)")
     g.add_argument("--timeout", type=float, default=600, help="seconds per process")
     g.add_argument("--workdir", default=None, help="where the stream files go (a temp dir)")
     g = p.add_argument_group("allocator")
@@ -119,10 +137,12 @@ def run_vs_vllm(args) -> int:
     if "mooncake" in args.streams and not os.path.isfile(args.trace):
         print(f"no such trace file: {args.trace}", file=sys.stderr)
         return 2
-    if min(args.limit, args.rounds, args.decode_requests, args.checked_limit) <= 0 or \
+    if min(args.limit, args.rounds, args.decode_requests, args.checked_limit,
+           args.refusal_reps) <= 0 or \
             min(args.decode_steps, args.decode_len) < 0 or args.budget_mib <= 0:
-        print("--limit, --rounds, --decode-requests, --checked-limit and --budget-mib must be "
-              "positive, --decode-steps and --decode-len >= 0", file=sys.stderr)
+        print("--limit, --rounds, --decode-requests, --checked-limit, --refusal-reps and "
+              "--budget-mib must be positive, --decode-steps and --decode-len >= 0",
+              file=sys.stderr)
         return 2
     try:
         out = vs_vllm.run(args)

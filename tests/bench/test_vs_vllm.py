@@ -192,15 +192,21 @@ def _write(tmp_path, f):
 
 # -- extras -----------------------------------------------------------------------------------
 def test_extras_tiny(tmp_path):
+    """Every extra as hybridkv_side processes: guards on vs stubbed (same hits), checked on vs
+    off, the 10**9 refusal (refused, nothing changed), decode at a long vs a short context."""
     job = tiny_job("v4-mini", "serial", budget=8 * 2 ** 20)
-    spec = {"stream": _write(tmp_path, job["file"]), "rounds": 1, "checked_limit": 2,
-            "context": {"short": 64, "long": 1024, "steps": 8, "budget": 8 * 2 ** 20},
-            "refusal_reps": 3, "device": "cpu"}
-    out = hybridkv_side.run_extras(spec)
-    assert out["guards"]["same_hits"] and out["guards"]["overhead"] > -1
+    args = argparse.Namespace(rounds=1, checked_limit=2, context=(64, 1024, 8), refusal_reps=3,
+                              timeout=120, context_min_rounds=1)
+    errors, log = [], []
+    out = vs_vllm.run_extras(_write(tmp_path, job["file"]), args, 8 * 2 ** 20, str(tmp_path),
+                             log.append, errors)
+    assert errors == []
+    assert out["guards"]["same_hits"] and out["guards"]["hit_tokens"] == TINY_HIT_TOKENS
+    assert out["guards"]["overhead"] > -1
     assert out["checked"]["requests"] == 2 and out["checked"]["ratio"] > 0
     assert [c["layout"] for c in out["context"]] == ["v4-mini", "full"]
-    assert all(c["ratio"] > 0 and c["long"] == 1024 for c in out["context"])
+    assert all(c["ratio"] > 0 and c["long"] == 1024 and c["rounds"] == 1
+               for c in out["context"])
     assert [r["state"] for r in out["refusal"]] == ["looked-up", "running"]
     for r in out["refusal"]:
         assert r["error"] == "RequestTooLarge" and r["unchanged"] and r["p50_us"] > 0

@@ -12,7 +12,10 @@ requests only) plus a "hybridkv" object (`vs_vllm` writes it):
     {"layout": {"preset": "v4-mini" | "full", ...keyword arguments of ModelLayout.v4_mini /
                 ModelLayout.full},
      "num_blocks": int | {"kind/group": int, ...}, "every_n": 512, "device": "cpu" | "meta",
-     "guards": "on" | "stubbed", "checked": false, "warmup": 0, "refusal_reps": 0}
+     "guards": "on" | "stubbed" | "paired", "checked": false, "warmup": 0, "refusal_reps": 0}
+
+"guards": "paired" measures the guard overhead instead (PairedDriver: two managers in lockstep,
+guards on vs stubbed call by call) and prints {"overhead", "timed_s", "p50_us", ...}.
 
 With "refusal_reps": N > 0, after the replay `allocate(rid, 10**9)` is timed N times on the cache
 the stream left behind, on a looked-up request and on a running one (`measure_refusal`).
@@ -133,8 +136,8 @@ def load_stream(path):
         raise ValueError(f"mode must be 'serial' or 'decode': {config['mode']!r}")
     hk = dict(HYBRIDKV_DEFAULTS)
     hk.update(stream.get("hybridkv") or {})
-    if hk["guards"] not in ("on", "stubbed"):
-        raise ValueError(f"guards must be 'on' or 'stubbed': {hk['guards']!r}")
+    if hk["guards"] not in ("on", "stubbed", "paired"):
+        raise ValueError(f"guards must be 'on', 'stubbed' or 'paired': {hk['guards']!r}")
     requests = stream.get("requests")
     if not isinstance(requests, list):
         raise ValueError("requests must be a list")
@@ -292,6 +295,70 @@ def replay(config, hk, requests):
     return driver, cache, setup_s, time.perf_counter() - t0
 
 
+class PairedDriver:
+    """Guard overhead with the load noise paired out: two managers fed the same stream in
+    lockstep, every call made on both back to back -- ``on`` with the spec guards,
+    ``stubbed`` inside stubbed_guards() (entered and left outside the timed calls) -- the
+    order flipped on every request.  The stubs keep every decision, so both caches stay
+    identical (checked: each call's outcome must agree)."""
+
+    def __init__(self, on, stubbed):
+        self.on, self.stubbed, self.n = on, stubbed, 0
+
+    def _both(self, method, *args):
+        order = [(self.on, False), (self.stubbed, True)]
+        out = []
+        for driver, stub in (order if self.n % 2 == 0 else order[::-1]):
+            with stubbed_guards() if stub else contextlib.nullcontext():
+                out.append(getattr(driver, method)(*args))
+        if out[0] != out[1]:
+            raise AssertionError(f"guards on / stubbed disagree on {method}{args[:1]}: {out}")
+        return out[0]
+
+    def admit(self, spec):
+        self.n += 1
+        return self._both("admit", spec)
+
+    def decode(self, rid, token):
+        return self._both("decode", rid, token)
+
+    def free(self, rid):
+        return self._both("free", rid)
+
+
+def replay_paired(config, hk, requests):
+    """{"on": driver, "stubbed": driver, "wall_s"} of a PairedDriver replay."""
+    runner = run_serial if config["mode"] == "serial" else run_decode
+    on, stubbed = Driver(build_manager(hk)), Driver(build_manager(hk))
+    gc.collect()
+    gc.freeze()
+    t0 = time.perf_counter()
+    runner(PairedDriver(on, stubbed), requests)
+    return {"on": on, "stubbed": stubbed, "wall_s": time.perf_counter() - t0}
+
+
+def paired_result(config, hk, requests, paired):
+    on, stub = paired["on"], paired["stubbed"]
+    calls = ("lookup", "prefill_allocate", "prefill_commit", "prefill", "decode_step", "free")
+    p50 = {m: {c: summarize(d.times_ns[c])["p50"] for c in CALL_TYPES}
+           for m, d in (("on", on), ("stubbed", stub))}
+    return {
+        "config": dict(config, num_requests=len(requests)), "hybridkv": hk,
+        "wall_s": round(paired["wall_s"], 4),
+        "timed_s": {"on": _timed_ns(on) / 1e9, "stubbed": _timed_ns(stub) / 1e9},
+        "overhead": _timed_ns(on) / _timed_ns(stub) - 1,
+        "overhead_per_call_type": {
+            c: sum(on.times_ns[c]) / sum(stub.times_ns[c]) - 1 for c in calls
+            if sum(stub.times_ns[c])},
+        "p50_us": p50,
+        "hits": {"on": on.hit_tokens, "stubbed": stub.hit_tokens},
+    }
+
+
+def _timed_ns(driver):
+    return sum(sum(driver.times_ns[k]) for k in ("lookup", "prefill", "decode_step", "free"))
+
+
 def result(config, hk, requests, driver, cache, setup_s, wall_s):
     import torch
 
@@ -308,8 +375,7 @@ def result(config, hk, requests, driver, cache, setup_s, wall_s):
                          pool_bytes=sum(p.n * p.block_nbytes for p in cache.pools.values())),
         "setup_s": round(setup_s, 4),
         "wall_s": round(wall_s, 4),
-        "timed_s": round(sum(sum(driver.times_ns[k]) for k in
-                             ("lookup", "prefill", "decode_step", "free")) / 1e9, 4),
+        "timed_s": round(_timed_ns(driver) / 1e9, 4),
         "timings_us": {name: summarize(driver.times_ns[name]) for name in CALL_TYPES},
         "hits": {
             "lookups": driver.num_lookups,
@@ -332,6 +398,14 @@ def result(config, hk, requests, driver, cache, setup_s, wall_s):
 def run(config, hk, requests):
     import torch
     torch.set_num_threads(1)     # pool copies are small; one thread keeps timings stable
+    if hk["guards"] == "paired":
+        paired = replay_paired(config, hk, requests)
+        res = paired_result(config, hk, requests, paired)
+        if hk["refusal_reps"]:          # on the guards-on cache the stream left behind
+            res["refusal"] = [measure_refusal(paired["on"].cache, requests[0]["prompt"],
+                                              hk["refusal_reps"], state)
+                              for state in ("looked-up", "running")]
+        return res
     guard = stubbed_guards() if hk["guards"] == "stubbed" else contextlib.nullcontext()
     with guard:
         if hk["warmup"]:

@@ -331,10 +331,12 @@ def _stat(results, key):
 def run_extras(main_path: str, args, budget: int, tmp: str, log, errors: list) -> dict:
     """Hybridkv-only measurements, every one a pair of hybridkv_side processes run in
     interleaved rounds (the order flipped every other round), like the main comparison:
-      guards    the main job's stream (mooncake / v4-mini by default), every spec guard on vs
-                stubbed to True: overhead = median timed call time on / stubbed - 1; the
-                guards-on process of round 0 also times allocate(rid, 10**9) on the cache the
-                stream left (refusal);
+      guards    the main job's stream (mooncake / v4-mini by default) through two managers in
+                lockstep in one process (hybridkv_side.PairedDriver), every call made with the
+                spec guards on and with every guard stubbed to True back to back, so the load
+                noise of a shared machine falls on both: overhead = timed call time on /
+                stubbed - 1, median over rounds; round 0 also times allocate(rid, 10**9) on the
+                guards-on cache the stream left (refusal);
       checked   its first --checked-limit requests, checked mode on vs off;
       context   one request, decode mode, a short vs a long prompt (2048 / 65536 tokens, 256
                 decode steps), in the main job's layout and in the full layout: decode_step p50
@@ -348,8 +350,8 @@ def run_extras(main_path: str, args, budget: int, tmp: str, log, errors: list) -
     def put(name, stream):
         files[name] = os.path.join(tmp, f"extra-{name}.json")
         vllm_streams.write_stream(files[name], stream)
-    put("guards-on", dict(base, hybridkv=dict(hk, refusal_reps=args.refusal_reps)))
-    put("guards-stubbed", dict(base, hybridkv=dict(hk, guards="stubbed")))
+    put("guards", dict(base, hybridkv=dict(hk, guards="paired",
+                                           refusal_reps=args.refusal_reps)))
     small = dict(base, requests=base["requests"][:args.checked_limit])
     put("checked-on", dict(small, hybridkv=dict(hk, checked=True)))
     put("checked-off", small)
@@ -364,42 +366,39 @@ def run_extras(main_path: str, args, budget: int, tmp: str, log, errors: list) -
             reqs = vllm_streams.decode_stream(1, steps, n, 0, seed=n)["requests"]
             put(f"context-{preset}-{n}", {"mode": "decode", "hybridkv": h, "requests": reqs})
     del base, small
-    plan = [("guards-on", "guards-stubbed", args.rounds),
-            ("checked-on", "checked-off", args.rounds)]
-    plan += [(f"context-{p}-{short}", f"context-{p}-{long_}",
-              max(args.rounds, getattr(args, "context_min_rounds", 5)))
-             for p in layouts]
+    plan = [(["guards"], args.rounds), (["checked-on", "checked-off"], args.rounds)]
+    plan += [([f"context-{p}-{short}", f"context-{p}-{long_}"],
+              max(args.rounds, getattr(args, "context_min_rounds", 5))) for p in layouts]
     res = {name: [] for name in files}
-    for a, b, rounds in plan:
+    for names, rounds in plan:
         t0 = time.perf_counter()
         for i in range(rounds):
-            for name in ([a, b] if i % 2 == 0 else [b, a]):
+            for name in (names if i % 2 == 0 else names[::-1]):
                 try:
                     res[name].append(run_hybridkv_side(files[name], args.timeout))
                 except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
                     errors.append({"extra": name, "round": i, "error": str(e)[-2000:]})
                     log(f"extra {name} round {i}: FAILED {e}")
-        log(f"extras {a} / {b}: {rounds} rounds, {time.perf_counter() - t0:.1f}s")
-    out = {"stream": files["guards-on"], "rounds": args.rounds}
+        log(f"extras {' / '.join(names)}: {rounds} rounds, {time.perf_counter() - t0:.1f}s")
+    out = {"stream": files["guards"], "rounds": args.rounds}
     calls = ("lookup", "prefill_allocate", "prefill_commit", "prefill", "decode_step", "free")
 
     def p50(name, call):
         return _stat(res[name], lambda r: r["timings_us"][call]["p50"])
-    on, stub = res["guards-on"], res["guards-stubbed"]
-    if on and stub:
-        on_s, stub_s = _stat(on, lambda r: r["timed_s"]), _stat(stub, lambda r: r["timed_s"])
+    g = res["guards"]
+    if g:
         out["guards"] = {
-            "overhead": round(on_s / stub_s - 1, 4), "on_timed_s": on_s,
-            "stubbed_timed_s": stub_s,
-            "timed_s_rounds": {"on": [r["timed_s"] for r in on],
-                               "stubbed": [r["timed_s"] for r in stub]},
-            "p50_us": {"on": {c: p50("guards-on", c) for c in calls},
-                       "stubbed": {c: p50("guards-stubbed", c) for c in calls}},
-            "p50_ratio_on_over_stubbed": {c: _ratio(p50("guards-on", c),
-                                                    p50("guards-stubbed", c)) for c in calls},
-            "same_hits": len({r["hits"]["hit_tokens"] for r in on + stub}) == 1,
-            "hit_tokens": on[0]["hits"]["hit_tokens"]}
-        out["refusal"] = on[0].get("refusal", [])
+            "overhead": _median([r["overhead"] for r in g]),
+            "overhead_rounds": [round(r["overhead"], 4) for r in g],
+            "timed_s_rounds": [r["timed_s"] for r in g],
+            "overhead_per_call_type": {c: _median([r["overhead_per_call_type"].get(c)
+                                                   for r in g])
+                                       for c in g[0]["overhead_per_call_type"]},
+            "p50_us": {m: {c: _median([r["p50_us"][m][c] for r in g]) for c in calls}
+                       for m in ("on", "stubbed")},
+            "same_hits": all(r["hits"]["on"] == r["hits"]["stubbed"] for r in g),
+            "hit_tokens": g[0]["hits"]["on"]}
+        out["refusal"] = g[0].get("refusal", [])
     c_on, c_off = res["checked-on"], res["checked-off"]
     if c_on and c_off:
         a_s, b_s = _stat(c_on, lambda r: r["timed_s"]), _stat(c_off, lambda r: r["timed_s"])
@@ -474,8 +473,9 @@ def report(out: dict) -> str:
                          f"= {c['ratio']:.3f} (goal <= 1.5)")
         g = ex.get("guards")
         if g:
-            lines.append(f"  guard overhead (on / stubbed - 1, timed call time): "
-                         f"{g['overhead']:+.3f} (goal <= +0.10); same hits: {g['same_hits']}")
+            lines.append(f"  guard overhead (on / stubbed - 1, timed call time, lockstep): "
+                         f"{g['overhead']:+.3f} (rounds {g['overhead_rounds']}; goal <= +0.10);"
+                         f" same hits: {g['same_hits']}")
         c = ex.get("checked")
         if c:
             lines.append(f"  checked mode on / off ({c['requests']} requests, timed call "

@@ -89,6 +89,15 @@ def test_hybridkv_side_guards_stubbed_same_hits(tmp_path):
     assert stub["hits"] == on["hits"]
 
 
+def test_hybridkv_side_guards_paired(tmp_path):
+    """Lockstep guards on / stubbed: both managers see every call, agree on every outcome."""
+    out = replay_file(tmp_path, tiny_job("v4-mini"), guards="paired", refusal_reps=2)
+    assert out["hits"] == {"on": TINY_HIT_TOKENS, "stubbed": TINY_HIT_TOKENS}
+    assert out["overhead"] > -1 and set(out["timed_s"]) == {"on", "stubbed"}
+    assert out["p50_us"]["on"]["decode_step"] > 0 and out["p50_us"]["stubbed"]["free"] > 0
+    assert [r["error"] for r in out["refusal"]] == ["RequestTooLarge"] * 2
+
+
 def test_hybridkv_side_process_prints_one_json(tmp_path):
     job = tiny_job("full", "serial")
     path = tmp_path / "s.json"

@@ -1,63 +1,94 @@
-"""`hybridkv bench allocator`: lookup + allocate + free ops/s of the runtime CacheManager on
-a Mooncake trace, checked mode off vs on, and spec guards vs the same calls with every guard
+"""`hybridkv bench vs-vllm`: hybridkv's CacheManager and vLLM's KVCacheManager on the same
+request streams, each side in its own process, interleaved rounds, p50/p99 per call type, hit
+rates and the ratio table; plus (hybridkv only) decode p50 at 64k vs 2k tokens, the guard
+overhead, the checked-mode cost and the time a 10**9-token allocation takes to be refused.
+See hybridkv/bench/vs_vllm.py.
+
+`hybridkv bench allocator`: lookup + allocate + commit + free ops/s of the CacheManager on a
+Mooncake trace, checked mode off vs on, and spec guards vs the same calls with every guard
 stubbed to True (all measured in one run, on the same requests)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
 
 NAME = "bench"
-HELP = "benchmarks: `bench allocator` = CacheManager ops/s (checked off/on, guards stubbed)"
+HELP = ("benchmarks: `bench vs-vllm` = hybridkv vs vLLM's KV cache manager per call type; "
+        "`bench allocator` = CacheManager ops/s (checked off/on, guards stubbed)")
 DEFAULT_TRACE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
 
 
+def _names(choices):
+    def parse(text):
+        names = [n for n in text.split(",") if n]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            import argparse
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}: {text!r}")
+        return names
+    return parse
+
+
+def _ints(n):
+    def parse(text):
+        try:
+            vals = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            vals = ()
+        if len(vals) != n or min(vals) <= 0:
+            import argparse
+            raise argparse.ArgumentTypeError(f"{n} positive comma-separated ints: {text!r}")
+        return vals
+    return parse
+
+
 def add_arguments(p) -> None:
-    p.add_argument("what", choices=("allocator",))
+    from hybridkv.bench.vs_vllm import DEFAULT_BUDGET_MIB, PAIRINGS, STREAMS
+    p.add_argument("what", choices=("vs-vllm", "allocator"))
     p.add_argument("--trace", default=DEFAULT_TRACE, help="Mooncake JSONL (plain or .gz)")
-    p.add_argument("--limit", type=int, default=300, help="requests replayed per mode")
+    p.add_argument("--limit", type=int, default=300,
+                   help="Mooncake requests (vs-vllm: the mooncake stream; allocator: per mode)")
     p.add_argument("--checked-limit", type=int, default=20,
                    help="requests for checked mode (it sweeps every block after every call)")
-    p.add_argument("--num-blocks", type=int, default=8192, help="blocks per pool")
-    p.add_argument("--repeat", type=int, default=3,
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    g = p.add_argument_group("vs-vllm")
+    g.add_argument("--streams", type=_names(STREAMS), default=["mooncake", "decode"],
+                   help=f"comma-separated, of {', '.join(STREAMS)} (default mooncake,decode)")
+    g.add_argument("--pairings", type=_names(PAIRINGS), default=list(PAIRINGS),
+                   help="comma-separated: v4-mini (hybridkv v4-mini vs vLLM full+swa), full "
+                        "(full vs full); default both")
+    g.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds (hybridkv process, vLLM process); medians reported")
+    g.add_argument("--budget-mib", type=float, default=DEFAULT_BUDGET_MIB,
+                   help="KV byte budget per side (sets num_blocks on both sides)")
+    g.add_argument("--decode-steps", type=int, default=4,
+                   help="decode steps per request of the mooncake stream")
+    g.add_argument("--decode-requests", type=int, default=32, help="decode stream: requests")
+    g.add_argument("--decode-len", type=int, default=256, help="decode stream: steps each")
+    g.add_argument("--device", choices=("cpu", "meta"), default="cpu",
+                   help="hybridkv pool memory (meta: bookkeeping only)")
+    g.add_argument("--no-extras", dest="extras", action="store_false",
+                   help="skip the hybridkv-only measurements (64k/2k decode, guards, checked, "
+                        "10**9 refusal)")
+    g.add_argument("--context", type=_ints(3), default=(2048, 65536, 256),
+                   help="SHORT,LONG,STEPS of the decode-at-context extra (default "
+                        "2048,65536,256)")
+    g.add_argument("--refusal-reps", type=int, default=20,
+                   help="allocate(rid, 10**9) calls timed (extras)")
+    g.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    g.add_argument("--workdir", default=None, help="where the stream files go (a temp dir)")
+    g = p.add_argument_group("allocator")
+    g.add_argument("--num-blocks", type=int, default=8192, help="blocks per pool")
+    g.add_argument("--repeat", type=int, default=3,
                    help="passes per mode, interleaved; the best pass of each is reported")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-@contextlib.contextmanager
 def stubbed_guards():
-    """Every spec guard the runtime calls replaced by ``True`` (table guards, funnel
-    predicates, the launch re-check, admission).  Kept: state-based routing (an event still
-    needs its source state) and guards that *choose* between two rows of one (state, event)
-    (unpin: keep pinned vs back to ready) and the funnel's group intersection (plain ``all``)
-    -- stubbing those would change decisions, not cost."""
-    from hybridkv import alloc, lookup, pools, reads, tables
-    from spec import state
-    saved = []
-
-    def patch(obj, name, value):
-        saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    for cls in state.MACHINES:
-        t = tables.table_for(cls)
-        patch(t, "rows", {k: (rows if len(rows) > 1 else [((), tgt) for _, tgt in rows])
-                          for k, rows in t.rows.items()})
-    yes = lambda *a, **k: True                                  # noqa: E731
-    for name in ("can_hit_aligned", "can_hit_abi"):
-        patch(lookup, name, yes)
-    patch(lookup, "can_hit_groups", all)     # the intersection decides, it is not a check
-    patch(lookup, "READY_CHECKS", {k: [] for k in lookup.READY_CHECKS})
-    patch(pools, "can_hit_bytes", yes)
-    patch(reads, "can_read_pinned", yes)
-    patch(alloc, "can_admit", yes)
-    try:
-        yield
-    finally:
-        for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
+    """Every spec guard the runtime calls stubbed to True (hybridkv_side.stubbed_guards)."""
+    from hybridkv.bench.hybridkv_side import stubbed_guards as stub
+    return stub()
 
 
 def layout():
@@ -66,8 +97,8 @@ def layout():
 
 
 def run_mode(prompts, num_blocks, checked=False):
+    from hybridkv.cache.manager import CacheManager
     from hybridkv.errors import AdmissionRefused
-    from hybridkv.manager import CacheManager
     m = CacheManager(layout(), num_blocks=num_blocks, checked=checked)
     clock = time.perf_counter
     total = hit_tokens = hits = refused = 0
@@ -75,10 +106,12 @@ def run_mode(prompts, num_blocks, checked=False):
     for rid, toks in enumerate(prompts):
         t0 = clock()
         plan = m.lookup(rid, toks)
-        n = len(toks) - plan.reuse_tokens
         try:
-            m.allocate(rid, n)
-            m.commit(rid, n)
+            a = m.allocate(rid, len(toks) - plan.reuse_tokens)
+            L = a.start              # commits end on each checkpoint (else it is dropped)
+            for P in [p for p in a.checkpoints if L < p < a.end] + [a.end]:
+                m.commit(rid, P - L)
+                L = P
         except AdmissionRefused:
             refused += 1
         m.free(rid)
@@ -94,6 +127,36 @@ def run_mode(prompts, num_blocks, checked=False):
 
 
 def run(args) -> int:
+    if args.what == "vs-vllm":
+        return run_vs_vllm(args)
+    return run_allocator(args)
+
+
+def run_vs_vllm(args) -> int:
+    from hybridkv.bench import vs_vllm
+    if "mooncake" in args.streams and not os.path.isfile(args.trace):
+        print(f"no such trace file: {args.trace}", file=sys.stderr)
+        return 2
+    if min(args.limit, args.rounds, args.decode_requests, args.checked_limit,
+           args.refusal_reps) <= 0 or \
+            min(args.decode_steps, args.decode_len) < 0 or args.budget_mib <= 0:
+        print("--limit, --rounds, --decode-requests, --checked-limit, --refusal-reps and "
+              "--budget-mib must be positive, --decode-steps and --decode-len >= 0",
+              file=sys.stderr)
+        return 2
+    try:
+        out = vs_vllm.run(args)
+    except ValueError as e:             # e.g. a budget below the working set
+        print(f"bench vs-vllm: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(vs_vllm.report(out))
+    return 1 if out["errors"] else 0
+
+
+def run_allocator(args) -> int:
     from hybridkv.bench.traces import TraceFormatError, read_mooncake, request_token_ids
     if not os.path.isfile(args.trace):
         print(f"no such trace file: {args.trace}", file=sys.stderr)
@@ -120,7 +183,7 @@ def run(args) -> int:
     out = {
         "trace": os.path.basename(args.trace), "layout": "v4-mini/512", "repeat": args.repeat,
         "ops_per_request":
-        "lookup+allocate(+commit)+free = 3 ops", "checked_off": off, "checked_on": on,
+        "lookup+allocate(+commits)+free = 3 ops", "checked_off": off, "checked_on": on,
         "guards_stubbed": stub,
         "checked_off_same_requests": off_small,
         "checked_on_over_off": on["ops_per_s"] / off_small["ops_per_s"],
@@ -138,3 +201,16 @@ def run(args) -> int:
         print(f"checked on / off: {out['checked_on_over_off']:.3f}   "
               f"stubbed / guarded (guard overhead): {out['guard_overhead_ratio']:.3f}")
     return 0
+
+
+def main(argv=None) -> int:
+    """`python -m hybridkv.commands.bench ...`: this subcommand alone (the same parser and run
+    as `hybridkv bench ...`, without importing the other subcommands)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="hybridkv bench", description=HELP)
+    add_arguments(parser)
+    return int(run(parser.parse_args(argv)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

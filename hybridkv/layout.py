@@ -64,13 +64,16 @@ class LayerGroup(NamedTuple):
 
     @property
     def kinds(self):
-        return {"swa": ("swa",), "full": ("comp",),
-                "csa": ("comp", "tail", "swa") + (("idx",) if self.idx_dim else ()),
-                "hca": ("comp", "tail", "swa")}[self.kind]
+        return _GROUP_KINDS[(self.kind, bool(self.idx_dim))]
 
     @property
     def entries_per_block(self):
         return self.block_size // self.ratio
+
+
+_GROUP_KINDS = {("swa", False): ("swa",), ("full", False): ("comp",),
+                ("csa", False): ("comp", "tail", "swa"), ("csa", True): ("comp", "tail", "swa", "idx"),
+                ("hca", False): ("comp", "tail", "swa")}
 
 
 class ObjSpec(NamedTuple):
@@ -137,6 +140,9 @@ class ModelLayout:
         self.granule = math.gcd(*[g.block_size for g in groups])
         self.lcm = math.lcm(*[g.block_size for g in groups])
         self.layer_slot = {layer: (g.name, j) for g in groups for j, layer in enumerate(g.layers)}
+        self._exact = {}
+        self._pool_keys = tuple((k, g.name) for g in groups for k in KINDS if k in g.kinds)
+        self._chain_pools = tuple(pk for pk in self._pool_keys if pk[0] in CHAIN_KINDS)
         if self.lcm > LCM_WARN_TOKENS:
             warnings.warn(f"layout {name}: LCM of group block sizes is {self.lcm} tokens; "
                           f"hits rely on exact checkpoints (granule {self.granule})",
@@ -150,11 +156,11 @@ class ModelLayout:
 
     def pool_keys(self):
         """(kind, group name) of every pool, in a fixed order."""
-        return [(k, g.name) for g in self.groups for k in KINDS if k in g.kinds]
+        return self._pool_keys
 
     def chain_pools(self):
         """(kind, group name) of every pool holding chain blocks."""
-        return [(k, g) for k, g in self.pool_keys() if k in CHAIN_KINDS]
+        return self._chain_pools
 
     # -- what a checkpoint is: the one rule ---------------------------------------------------
     def objects_at(self, H, since=0):
@@ -177,7 +183,16 @@ class ModelLayout:
 
     def exact_at(self, H):
         """The exact (snapshot) objects of a checkpoint at H: ``objects_at(H, since=H)``."""
-        return self.objects_at(H, since=H)
+        return [ObjSpec(kind, g, H, True) for kind, g in self.exact_kinds(H)]
+
+    def exact_kinds(self, H):
+        """(kind, group) of the exact objects at H (memoised by H mod LCM: which exist
+        depends only on that)."""
+        key = H % self.lcm
+        got = self._exact.get(key)
+        if got is None:
+            got = self._exact[key] = tuple((o.kind, o.group) for o in self.objects_at(H, H))
+        return got
 
     # -- pools ----------------------------------------------------------------------------------
     def pool_tensors(self, kind, g):

@@ -22,8 +22,14 @@ def set_width(width):
     _WIDTH[0] = width
 
 
+_EXPR = z3.ExprRef
+
+
 def is_sym(*xs):
-    return any(isinstance(x, z3.ExprRef) for x in xs)
+    for x in xs:
+        if isinstance(x, _EXPR):
+            return True
+    return False
 
 
 def _num(x):

@@ -75,6 +75,9 @@ class Pool:
         self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
                                 for r, d in tensors.values())
         self._first = next(iter(self.data.values()))
+        first_rows, first_dim = next(iter(tensors.values()))
+        self._base = self._first.data_ptr()
+        self._slot_bytes = slot_bytes(first_rows, first_dim, group.dtype)
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks
@@ -96,7 +99,8 @@ class Pool:
         return self.phys[b]
 
     def addr(self, b):
-        return self._first[0, self.phys[b]].data_ptr()
+        """Address of block b's rows in layer 0 (every layer's start is aligned alike)."""
+        return self._base + self.phys[b] * self._slot_bytes
 
     def bytes_ok(self, b):
         """Funnel layer 4 for one block: address and length on the GPU block alignment."""
@@ -150,7 +154,9 @@ class Pool:
         changes nothing when the table refuses."""
         rec, cx = self.recs[b], self.ctx
         tgt = self.table.fire(rec.st, event, rec, cx)
-        new = EFFECTS[event](rec, cx, *args)._replace(st=tgt)
+        new = EFFECTS[event](rec, cx, *args)
+        if tgt != rec.st:                       # st is every record's first field
+            new = tuple.__new__(self.rec_type, (tgt, *new[1:]))
         if self.shadows is not None:
             self.shadows[b].follow(rec.st, event, rec, cx, tgt)
             self.touched.add(b)

@@ -31,7 +31,10 @@ class Table:
     def target(self, st, event, o, c):
         """The state ``event`` leads to from ``st``, or None when refused."""
         for guards, tgt in self.rows.get((st, event), ()):
-            if all(g(o, c) for g in guards):
+            for g in guards:
+                if not g(o, c):
+                    break
+            else:
                 return tgt
         return None
 

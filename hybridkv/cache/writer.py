@@ -218,13 +218,22 @@ class ObjectWriter:
             self.pools[(kind, gname)].fire(o.ref.block, "publish")
             if parent is not None:
                 self.evictor.refresh(parent)
+        if not exact and not self.layout.exact_kinds(o.at):
+            self._record(req, o.at, key)      # a block end needing no snapshot (full layers)
         if exact:
             left = req.to_publish.get(o.at, 0) - 1
             req.to_publish[o.at] = left
             if left == 0:
-                anchors = [a for a in (self._chain_at(req, k, g, o.at - o.at % self.layout.group(g).block_size)
-                                       for k, g in self.layout.chain_pools()) if a is not None]
-                self.index.add_checkpoint(o.at, key, anchors)
+                self._record(req, o.at, key)
+
+    def _record(self, req, H, key):
+        """A checkpoint record at H once every chain block it hangs from is published."""
+        anchors = [self._chain_at(req, k, g, H - H % self.layout.group(g).block_size)
+                   for k, g in self.layout.chain_pools()]
+        if any(a is None and H >= self.layout.group(g).block_size
+               for a, (k, g) in zip(anchors, self.layout.chain_pools())):
+            return
+        self.index.add_checkpoint(H, key, [a for a in anchors if a is not None])
 
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, req):

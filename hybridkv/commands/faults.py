@@ -6,7 +6,8 @@ import tempfile
 NAME = "faults"
 HELP = ("Inject disk/Redis faults (EIO, ENOSPC, bit flips, truncation, crash before rename, "
         "recycled destination, racing processes, lost Redis, transient read errors, FIFO / "
-        "symlink / device files, hung backend, full Redis, format-version skew) and report "
+        "symlink / device files, hung backend, full Redis, format-version skew; with the cache "
+        "manager: version bump with loads in flight, forged plans, hung Redis) and report "
         "per fault: trials, wrong outputs, crashes, unnamed exceptions, hangs, intact entries "
         "lost, plus load vs sequential-read bandwidth.")
 
@@ -20,10 +21,14 @@ def add_arguments(parser):
 
 
 def run(args):
+    from hybridkv.disk import faults_manager
     from hybridkv.disk.bench import benchmark
     from hybridkv.disk.faults_proc import run_all
 
     rows = run_all(args.dir)
+    for fn in faults_manager.ROWS:          # the cache manager on top of the tier
+        with tempfile.TemporaryDirectory(dir=args.dir) as d:
+            rows.append(fn(d))
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         b = benchmark(d, args.bench_objects, args.bench_object_mib << 20)
     out = {"faults": [r.as_json() for r in rows], "load_bandwidth_ratio": b.load_bandwidth_ratio}

@@ -69,9 +69,6 @@ def test_hybridkv_side_exact_repeat_hits(tmp_path):
     assert out["hits"]["hit_requests"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="hybridkv.cache: a full-attention layout never records a "
-                   "checkpoint (exact_at(P) is empty on block boundaries, so Snapshots.write "
-                   "publishes nothing and PrefixIndex.add_checkpoint is never reached): no hit")
 def test_hybridkv_side_tiny_full_hits_like_vllm(tmp_path):
     out = replay_file(tmp_path, tiny_job("full"))
     check_counts(out)

@@ -16,7 +16,9 @@ import time
 
 NAME = "bench"
 HELP = ("benchmarks: `bench vs-vllm` = hybridkv vs vLLM's KV cache manager per call type; "
-        "`bench allocator` = CacheManager ops/s (checked off/on, guards stubbed)")
+        "`bench allocator` = CacheManager ops/s (checked off/on, guards stubbed); "
+        "`bench one-memory` = KV bytes held by requests sharing a prefix, bytes copied per "
+        "hit, engine decode tokens/s at batch 1 vs 8")
 DEFAULT_TRACE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
 
 
@@ -46,7 +48,7 @@ def _ints(n):
 
 def add_arguments(p) -> None:
     from hybridkv.bench.vs_vllm import DEFAULT_BUDGET_MIB, PAIRINGS, STREAMS
-    p.add_argument("what", choices=("vs-vllm", "allocator"))
+    p.add_argument("what", choices=("vs-vllm", "allocator", "one-memory"))
     p.add_argument("--trace", default=DEFAULT_TRACE, help="Mooncake JSONL (plain or .gz)")
     p.add_argument("--limit", type=int, default=300,
                    help="Mooncake requests (vs-vllm: the mooncake stream; allocator: per mode)")
@@ -129,7 +131,35 @@ def run_mode(prompts, num_blocks, checked=False):
 def run(args) -> int:
     if args.what == "vs-vllm":
         return run_vs_vllm(args)
+    if args.what == "one-memory":
+        return run_one_memory(args)
     return run_allocator(args)
+
+
+def run_one_memory(args) -> int:
+    import torch
+
+    from hybridkv.bench import one_memory
+    torch.set_num_threads(1)
+    out = one_memory.run_all()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{'N':>3} {'held KB':>9} {'prefix KB':>10} {'per req KB':>11} "
+          f"{'private copy KB':>16} {'before KB':>10} {'before/after':>13}")
+    for r in out["sharing"]:
+        print(f"{r['requests']:>3} {r['kv_bytes_held'] / 1e3:>9.1f} "
+              f"{r['cached_prefix_bytes'] / 1e3:>10.1f} {r['per_request_bytes'] / 1e3:>11.1f} "
+              f"{r['private_copy_bytes'] / 1e3:>16.1f} {r['before_bytes'] / 1e3:>10.1f} "
+              f"{r['before_over_after']:>13.2f}")
+    for r in out["per_hit"]:
+        print(f"hit at {r['resumed_at']:>5}: {r['bytes_copied']} bytes copied (before "
+              f"{r['before_bytes_copied']}: ratio {r['before_over_after']:.2f})")
+    for r in out["batching"]:
+        print(f"decode {r['backend']}: {r['tokens_per_s_batch1']:.1f} tok/s at batch 1, "
+              f"{r['tokens_per_s_batch' + str(r['batch'])]:.1f} at batch {r['batch']} "
+              f"(ratio {r['ratio']:.2f})")
+    return 0
 
 
 def run_vs_vllm(args) -> int:

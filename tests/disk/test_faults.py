@@ -91,7 +91,7 @@ def test_cli_prints_one_json_object_with_every_row(tmp_path):
                        capture_output=True, text=True, timeout=240, env=env)
     out = json.loads(p.stdout)
     assert set(out) == {"faults", "load_bandwidth_ratio"} and p.returncode == 0, p.stderr
-    assert len(out["faults"]) == 15 and out["load_bandwidth_ratio"] > 0
+    assert len(out["faults"]) == 18 and out["load_bandwidth_ratio"] > 0
     for row in out["faults"]:
         assert set(row) == {"name", "outcome", "trials", "max_latency_ms", *COUNTS}
         assert all(row[f] == 0 for f in COUNTS), row

@@ -72,7 +72,8 @@ class LayerGroup(NamedTuple):
 
 
 _GROUP_KINDS = {("swa", False): ("swa",), ("full", False): ("comp",),
-                ("csa", False): ("comp", "tail", "swa"), ("csa", True): ("comp", "tail", "swa", "idx"),
+                ("csa", False): ("comp", "tail", "swa"),
+                ("csa", True): ("comp", "tail", "swa", "idx"),
                 ("hca", False): ("comp", "tail", "swa")}
 
 
@@ -81,7 +82,7 @@ class ObjSpec(NamedTuple):
     kind: str
     group: str
     at: int          # position it must cover (spec covers(o, at, c))
-    exact: bool      # exists only at exactly ``at`` (a snapshot), else a chain block ending at ``at``
+    exact: bool      # exists only at exactly ``at`` (a snapshot), else a chain block ending there
 
 
 def _pos_int(name, v, minimum=1):

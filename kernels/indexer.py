@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.guards import (KERNEL_VERSION, LaunchRefused, check_pins, check_pool,
+from kernels.guards import (LaunchRefused, check_pins, check_pool,
                             check_same_device, check_tensor)
 
 

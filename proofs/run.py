@@ -21,8 +21,8 @@ from proofs.mutate import applied, guards_called, mutants
 from proofs.satbmc import deep_bmc
 from proofs.trace import load as load_trace
 
-FAST = SysConfig(n_obj=1, n_req=2, n_disk=1, n_graph=1, granule=2, max_pos=4, blk_comp=4, blk_tail=2,
-                 blk_swa=2, blk_idx=2)   # granule = GCD of the block sizes
+FAST = SysConfig(n_obj=1, n_req=2, n_disk=1, n_graph=1, granule=2, max_pos=4, blk_comp=4,
+                 blk_tail=2, blk_swa=2, blk_idx=2)   # granule = GCD of the block sizes
 DEEP = SysConfig(n_obj=3, n_req=2, n_disk=1, n_graph=1)
 
 

@@ -201,8 +201,8 @@ def vllm_status() -> tuple:
     env = os.environ.get(vllm_streams.VLLM_PYTHON_ENV)
     where = (f"${vllm_streams.VLLM_PYTHON_ENV}={env!r} is not an executable file" if env else
              f"${vllm_streams.VLLM_PYTHON_ENV} is unset and "
-             f"{os.path.join(os.path.dirname(vllm_streams.REPO_ROOT), 'vllm-venv', 'bin', 'python')}"
-             " does not exist (scripts/vllm_venv creates it)")
+             + os.path.join(os.path.dirname(vllm_streams.REPO_ROOT), "vllm-venv", "bin", "python")
+             + " does not exist (scripts/vllm_venv creates it)")
     return None, f"no vLLM python: {where}"
 
 
@@ -466,7 +466,8 @@ def report(out: dict) -> str:
     ex = out.get("extras")
     if ex:
         lines.append("")
-        lines.append(f"hybridkv only (median over rounds; stream {os.path.basename(ex['stream'])}):")
+        lines.append("hybridkv only (median over rounds; stream "
+                     f"{os.path.basename(ex['stream'])}):")
         for c in ex["context"]:
             lines.append(f"  decode p50 at {c['long']} vs {c['short']} tokens ({c['layout']}, "
                          f"{c['rounds']} rounds): {c['long_p50']:.2f} / {c['short_p50']:.2f} us "

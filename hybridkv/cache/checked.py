@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 from hybridkv.errors import InvariantViolation
 from spec import invariants as inv
-from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
+from spec.common import LOADING, PINNED, READY, STALE, WRITING
 from spec.funnel import can_admit_objects
 from spec.state import KINDS, RUNNING
 

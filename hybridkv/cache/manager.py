@@ -339,7 +339,8 @@ class CacheManager:
         req = self._drafts(request_id)
         tokens = check_tokens(token_ids, self.vocab)
         if len(tokens) > req.num_draft_tokens:
-            raise BadArgument("more accepted tokens than drafts", (len(tokens), req.num_draft_tokens))
+            raise BadArgument("more accepted tokens than drafts",
+                              (len(tokens), req.num_draft_tokens))
         if req.num_computed_tokens != req.num_allocated_tokens:
             raise RequestBusy("commit the allocated tokens before accepting drafts",
                               (req.num_computed_tokens, req.num_allocated_tokens))

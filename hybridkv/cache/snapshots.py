@@ -88,7 +88,7 @@ class Snapshots:
                 pool.fire(b, "fill")
                 pool.fire(b, "seal")
             else:
-                self.evictor.drop(o.ref, "reject")            # its key is another copy's: never kept
+                self.evictor.drop(o.ref, "reject")    # its key is another copy's: never kept
         req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
         req.sealed_points.append(P)
 

@@ -23,6 +23,7 @@ from hybridkv.cache.funnel import Read
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS
+from spec.common import WRITING
 from spec.state import LOOKED
 
 
@@ -197,7 +198,8 @@ class ObjectWriter:
         known, heap = req.known_tokens, req.unpublished
         while heap and heap[0][0] <= known:
             at, exact, _, o = heapq.heappop(heap)
-            if o.live(self.pools) and self.pools[(o.ref.kind, o.ref.group)].recs[o.ref.block].st == 1:
+            rec = self.pools[(o.ref.kind, o.ref.group)].recs[o.ref.block]
+            if o.live(self.pools) and rec.st == WRITING:
                 self._publish(req, o, exact)
 
     def _chain_at(self, req, kind, group, e):

@@ -37,7 +37,8 @@ def render():
              "Edge labels: `event [guard]`; the first matching row wins.", ""]
     for name, cls in spec.MACHINES.items():
         doc = (cls.__doc__ or "").strip().splitlines()[0]
-        parts += [f"## {name}: `{cls.__name__}`", "", doc, "", "```mermaid", mermaid(cls), "```", ""]
+        parts += [f"## {name}: `{cls.__name__}`", "", doc, "", "```mermaid", mermaid(cls),
+                  "```", ""]
     return "\n".join(parts)
 
 

@@ -62,7 +62,8 @@ def bump_during_loads(d, trials=6):
     refused = done = 0
     for t in range(trials):
         root = os.path.join(d, str(t))
-        tier = DiskTier(root, 1 << 26, backend=HookedBackend(LocalBackend(root), slow("read", 0.03)))
+        slowed = HookedBackend(LocalBackend(root), slow("read", 0.03))
+        tier = DiskTier(root, 1 << 26, backend=slowed)
         m = _cache(tier)
         if c.call(_spilled, m) is None:
             continue

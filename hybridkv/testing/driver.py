@@ -13,9 +13,10 @@ spec says the action is disabled.  ``abstract()`` maps the runtime to spec.state
 
 Where the runtime evaluates a spec.system guard with its own code instead of calling it (the
 funnel, the launch re-check, load admission), it does so conjunct by conjunct through the
-named checks below (LOOKUP_CHECKS, LAUNCH_CHECKS; driver_disk.LOAD_START_CHECKS; the funnel's readiness
-conjuncts are hybridkv.lookup.READY_CHECKS), so a test can drop the runtime's counterpart of
-one spec conjunct (tests/test_golden_runtime.py mirrors the spec's guard mutants this way).
+named checks below (ADMIT_CHECKS, LOOKUP_CHECKS, LAUNCH_CHECKS; driver_disk.LOAD_START_CHECKS;
+the funnel's readiness conjuncts are hybridkv.cache.funnel.READY_CHECKS), so a test can drop the
+runtime's counterpart of one spec conjunct (tests/cache/test_golden.py mirrors the spec's guard
+mutants this way).
 """
 from dataclasses import dataclass, field
 
@@ -245,7 +246,8 @@ class ObjectDriver:
 
     def capture(self, g, r):
         q = self.state.req[r]
-        self._need(S.can_capture(self.abstract(), self.cfg, g, r), ("capture needs a running request", r))
+        self._need(S.can_capture(self.abstract(), self.cfg, g, r),
+                   ("capture needs a running request", r))
         # history: did the graph bake in an address its request had not pinned and validated?
         sound = all(o.st == PINNED and o.ver == q.pv[k] and o.ep == q.pe[k]
                     for k, o in enumerate(p.recs[i] for p, i in zip(self.pools, q.ref)))

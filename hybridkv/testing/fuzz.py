@@ -9,8 +9,8 @@ sequence that was really committed (the checks: hybridkv.testing.fuzzcheck).
 
 ``make_machine(engine_cls, ...)`` returns the RuleBasedStateMachine class (a seeded bug is an
 engine class or seam, hybridkv.testing.bugs); ``run(examples, bug=None)`` runs it and reports,
-with how many examples exercised each rule (``rules``) and each effect (``effects``: e.g. a disk hit, a
-failed load, a rejected draft, a re-plan, a re-capture after relocation)."""
+with how many examples exercised each rule (``rules``) and each effect (``effects``: e.g. a
+disk hit, a failed load, a rejected draft, a re-plan, a re-capture after relocation)."""
 import contextlib
 import io
 import sys

@@ -58,7 +58,8 @@ def fingerprint(m):
     index = ({pk: dict(d) for pk, d in m.index.chain.items()},
              {pk: dict(d) for pk, d in m.index.exact.items()}, dict(m.index.ckpts))
     ev = m.evictor
-    evict = ({pk: set(s) for pk, s in ev.cached.items()}, {pk: set(s) for pk, s in ev.eligible.items()},
+    evict = ({pk: set(s) for pk, s in ev.cached.items()},
+             {pk: set(s) for pk, s in ev.eligible.items()},
              {pk: (p.clock, {k: (e.prio, e.uses, e.seq) for k, e in p._e.items()})
               for pk, p in ev.policies.items()})
     reqs = {r: (q.phase, q.num_computed_tokens, q.num_allocated_tokens, q.num_draft_tokens,

@@ -149,7 +149,8 @@ def _unmutated(t):
         before = drv.abstract()
         ran = _try(drv, rec)
         assert ran == bool(en), (f"step {n} {rec['action']}{tr._args(rec)}: runtime "
-                                 f"{'ran' if ran else 'refused'}, spec {'enabled' if en else 'disabled'}")
+                                 f"{'ran' if ran else 'refused'}, spec "
+                                 f"{'enabled' if en else 'disabled'}")
         mgr.check_invariants()                 # the runtime's own checks agree
         if not en:
             assert drv.abstract() == before, f"refused step {n} changed the runtime"

@@ -55,7 +55,7 @@ class Pressure(RuleBasedStateMachine):
         m = self.m
         try:
             for t in toks:
-                a = m.allocate(rid, 1, num_draft_tokens=drafts)
+                m.allocate(rid, 1, num_draft_tokens=drafts)
                 m.commit(rid, 1, [t])
                 self.live[rid].append(t)
                 if drafts:

@@ -111,7 +111,8 @@ def test_graph_reads_the_managers_window_pages():
     assert got.shape[0] == len(slots) and all(
         got[i].data_ptr() != pool[s].data_ptr() for i, s in enumerate(slots))
     import torch
-    assert all(torch.equal(got[i].nan_to_num(7), pool[s].nan_to_num(7)) for i, s in enumerate(slots))
+    assert all(torch.equal(got[i].nan_to_num(7), pool[s].nan_to_num(7))
+               for i, s in enumerate(slots))
 
 
 def test_drafter_and_bad_input():

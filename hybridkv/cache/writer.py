@@ -40,6 +40,8 @@ class ObjectWriter:
         self._shape = [(g, tuple(k for k in CHAIN_KINDS if k in g.kinds),
                         g.window if "swa" in g.kinds else 0,
                         tuple(k for k in ("tail", "idx") if k in g.kinds)) for g in layout.groups]
+        self.chain_block_sizes = [(kind, gname, layout.group(gname).block_size)
+                                  for kind, gname in layout.chain_pools()]
 
     # -- sizing: the one sizing function -------------------------------------------------------
     def blocks_needed(self, req, end, draft_end, points=()):
@@ -230,12 +232,14 @@ class ObjectWriter:
 
     def _record(self, req, H, key):
         """A checkpoint record at H once every chain block it hangs from is published."""
-        anchors = [self._chain_at(req, k, g, H - H % self.layout.group(g).block_size)
-                   for k, g in self.layout.chain_pools()]
-        if any(a is None and H >= self.layout.group(g).block_size
-               for a, (k, g) in zip(anchors, self.layout.chain_pools())):
-            return
-        self.index.add_checkpoint(H, key, [a for a in anchors if a is not None])
+        anchors = []
+        for kind, gname, bs in self.chain_block_sizes:
+            a = self._chain_at(req, kind, gname, H - H % bs)
+            if a is not None:
+                anchors.append(a)
+            elif H >= bs:
+                return                          # a chain block below H is not published yet
+        self.index.add_checkpoint(H, key, anchors)
 
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, req):

@@ -118,6 +118,31 @@ def test_bmc_kills_a_seeded_bug_and_trace_replays():
     assert not r.reproduced
 
 
+def _release_keeps_the_index_entry(o, c):
+    """Seeded bug (issue 14's leak): giving a copy back to FREE without taking it out of the
+    index -- the block is neither held nor reclaimable by a lookup."""
+    return o._replace(pins=0, draft=0, **{f: 0 for f in o.CONTENT})
+
+
+def test_bmc_kills_a_release_that_skips_the_unpublish():
+    """The accounting invariant finds a release that skips a step: spec.common.discard (the
+    effect of reject, load_start and load_bad) swapped for one that leaves ``pub`` set."""
+    from spec import common
+    real = common.discard.__code__
+    common.discard.__code__ = _release_keeps_the_index_entry.__code__
+    try:
+        res = run_bmc(Encoding(FAST), INVARIANTS, 4, stop_at_first=True)
+        broken = [r for r in res.invariants if r.violated]
+        assert [r.name for r in broken] == ["accounting"], [r.name for r in broken]
+        t = broken[0].trace
+        assert "reject" in [st["action"] for st in t["steps"]] or \
+            "load_start" in [st["action"] for st in t["steps"]], t["steps"]
+        assert tr.replay(t).reproduced
+    finally:
+        common.discard.__code__ = real
+    assert not tr.replay(t).reproduced          # the real release keeps accounting
+
+
 def test_mutant_swaps_code_in_place_and_restores():
     m = find("system.can_lookup#2")
     fn = spec.GUARDS[m.guard]

@@ -35,10 +35,21 @@ report asks the manager to adopt; once the product does it, the prototype is a n
               tags to ``Evictor.admit``, filed as ``EntryMeta.tag = f"{kind}/{tags}"``.  Here:
               this manager's ``snapshots.retain`` / ``release`` set ``EntryTags.retention``
               while they admit.
+`touch_recomputed`  a request that recomputes a chain block already cached under the same key
+              (past its resume point H: a hit stops at the deepest checkpoint, the chain often
+              runs further) re-demanded that block, but only the blocks it reads are accessed:
+              the cached copy ages as if unused, and is evicted while the next request needs it
+              again -- taking with it the branch checkpoint this request just anchored there.
+              The simulator touched every cached block of the prompt.  Proposal: in
+              ``ObjectWriter._publish``, when ``index.publish`` refuses a chain block because
+              its key is taken, ``Evictor.access`` the block that holds the key.  Here: this
+              manager's ``index.publish`` does that on refusal.
 """
 from __future__ import annotations
 
-PROTOTYPES = ("chain_hits", "request_hints", "retention_tags")
+from hybridkv.cache import ObjRef
+
+PROTOTYPES = ("chain_hits", "request_hints", "retention_tags", "touch_recomputed")
 NEEDS_TAGS = ("request_hints", "retention_tags")
 
 
@@ -108,6 +119,21 @@ def _with_retention(fn, tags: EntryTags):
     return call
 
 
+def _touch_recomputed(mgr) -> None:
+    idx, evictor = mgr.index, mgr.evictor
+    publish = idx.publish
+
+    def publish_or_touch(ref, key, exact, parent=None):
+        if publish(ref, key, exact, parent):
+            return True
+        if not exact:
+            held = idx.chain_block(ref.kind, ref.group, key)
+            if held is not None:
+                evictor.access(ObjRef(ref.kind, ref.group, held))
+        return False
+    idx.publish = publish_or_touch
+
+
 def apply(mgr, names, tags: EntryTags | None = None) -> list:
     """Apply the named prototypes that concern ``mgr`` (the tag prototypes need the ``tags``
     its policies were made with: ``tagged``); returns the names applied."""
@@ -128,6 +154,9 @@ def apply(mgr, names, tags: EntryTags | None = None) -> list:
             snaps = mgr.snapshots
             snaps.retain = _with_retention(snaps.retain, tags)
             snaps.release = _with_retention(snaps.release, tags)
+            done.append(name)
+        elif name == "touch_recomputed":
+            _touch_recomputed(mgr)
             done.append(name)
         elif name == "request_hints":
             done.append(name)            # the bench sets tags.request around each request

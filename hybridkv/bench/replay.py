@@ -113,8 +113,9 @@ def compare(trace: Trace, layout: str, capacity_blocks: int, progress: bool = Fa
     from hybridkv.bench.runtime import RuntimeManager
     check_capacity(capacity_blocks)
     cost = get_layout(layout)
-    max_tokens = max((r.input_length for r in trace.requests), default=1)
-    mgr = RuntimeManager(layout, capacity_blocks, max_tokens, **runtime_options)
+    lengths = [r.input_length for r in trace.requests] or [1]
+    mgr = RuntimeManager(layout, capacity_blocks, max(lengths), sum(lengths) / len(lengths),
+                         **runtime_options)
     ours = replay(trace, mgr, cost, progress)
     lru = replay(trace, LRUManager(cost, capacity_blocks, trace.block_size), cost, progress)
     bel = belady_summary(trace, capacity_blocks)

@@ -16,9 +16,20 @@ W = 128 and m' = 128; the trace vocabulary).  Pools live on ``device="meta"``: b
 Capacity (`runtime_pool_sizes`): `capacity_blocks` x the layout's chain bytes per 512-token
 block (``unit``: comp + idx of every chained group) is the byte budget of all pools together.
 It holds first the working objects of the longest request (its pinned chain, one chunk's window
-pages, tails and the snapshots of one allocation), then splits the rest between chain blocks and
-checkpoints: `snapshot_fraction` of it buys checkpoint sets (the exact objects of a checkpoint at
-a block boundary: one block in each snapshot pool, ``ckpt_bytes``), the rest chain units.
+pages, tails and the snapshots of one allocation), then splits the rest between chain units
+(one block in each chain pool) and checkpoint sets (the exact objects of a checkpoint at a block
+boundary: one block in each snapshot pool, ``ckpt_bytes`` = 3.24 units on v4-mini).
+
+Tuning (`tuned`).  The manager's pools have fixed sizes, so the split cannot follow demand as
+the simulator's borrowing did; it is set from the workload's mean prompt instead: a cached
+request keeps about RETAINED_PER_REQUEST = 1.2 checkpoints (its end, sometimes a branch point)
+over mean_tokens / 512 chain blocks, plus mean_tokens / every_n periodic ones, so checkpoint
+sets per chain unit = (1.2 + mean_tokens / every_n) x 512 / mean_tokens.  Periodic checkpoints
+(every_n = 1024) pay only once the budget holds DENSE_REQUESTS = 2000 mean prompts; below
+that they evict the retention points other requests would hit.  Chosen from v4-mini sweeps on
+both Mooncake traces and the bench's synthetic generator (the optimum sits at 0.03-0.05 sets per
+unit at 10k blocks on Mooncake, 0.13 on the generator's shorter prompts, about 0.5 with
+periodic checkpoints at 100k); `--snapshot-fraction` / `--every-n` override it.
 """
 from __future__ import annotations
 
@@ -36,9 +47,21 @@ from hybridkv.policy import FilteredLRUPolicy
 PAGE_TOKENS = 512              # tokens per runtime block (capacity unit) in both layouts
 CHUNK_TOKENS = 2048            # prefill chunk
 LAYOUT_NAMES = ("full", "v4-mini")
-# defaults of `hybridkv replay` per layout (how they were chosen: the module docstring)
-TUNED = {"full": {"every_n": 0, "snapshot_fraction": 0.0},
-         "v4-mini": {"every_n": 0, "snapshot_fraction": 0.2}}
+RETAINED_PER_REQUEST = 1.2     # checkpoints a cached request keeps besides periodic ones
+DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this many prompts
+DENSE_EVERY_N = 1024
+
+
+def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float) -> dict:
+    """Default ``every_n`` and checkpoint sets per chain unit (see the module docstring,
+    "Tuning"); a layout without snapshots needs neither."""
+    if layout_name != "v4-mini":
+        return {"every_n": 0, "checkpoints_per_chain": 0.0}
+    mean_tokens = max(mean_tokens, PAGE_TOKENS)
+    dense = capacity_blocks * PAGE_TOKENS >= DENSE_REQUESTS * mean_tokens
+    every_n = DENSE_EVERY_N if dense else 0
+    per_request = RETAINED_PER_REQUEST + (mean_tokens / every_n if every_n else 0.0)
+    return {"every_n": every_n, "checkpoints_per_chain": per_request * PAGE_TOKENS / mean_tokens}
 
 
 class RuntimeLayoutError(ValueError):
@@ -98,10 +121,14 @@ def working_floor(rlayout, max_tokens: int, chunk_tokens: int, every_n: int) -> 
 
 def runtime_pool_sizes(rlayout, capacity_blocks: int, max_tokens: int,
                        chunk_tokens: int = CHUNK_TOKENS, every_n: int = 0,
-                       snapshot_fraction: float = 0.3) -> PoolSizing:
-    """Per-pool sizes from the byte budget (see the module docstring)."""
+                       snapshot_fraction: float | None = None,
+                       checkpoints_per_chain: float = 0.0) -> PoolSizing:
+    """Per-pool sizes from the byte budget (see the module docstring): after the working
+    floor, ``snapshot_fraction`` of the rest for checkpoint sets when given, else as many sets
+    as ``checkpoints_per_chain`` x the chain units."""
     nb = {pk: rlayout.block_nbytes(*pk) for pk in rlayout.pool_keys()}
-    unit = sum(nb[pk] for pk in rlayout.chain_pools())
+    chain = rlayout.chain_pools()
+    unit = sum(nb[pk] for pk in chain)
     boundary = max(g.block_size for g in rlayout.groups)
     exact = [(s.kind, s.group) for s in rlayout.exact_at(boundary)]
     ckpt_bytes = sum(nb[pk] for pk in exact)
@@ -109,11 +136,15 @@ def runtime_pool_sizes(rlayout, capacity_blocks: int, max_tokens: int,
     floor = working_floor(rlayout, max_tokens, chunk_tokens, every_n)
     floor_bytes = sum(floor[pk] * nb[pk] for pk in floor)
     rest = max(0, budget - floor_bytes)
-    frac = snapshot_fraction if ckpt_bytes else 0.0
-    n_ckpt = int(frac * rest) // ckpt_bytes if ckpt_bytes else 0
+    if not ckpt_bytes:
+        n_ckpt = 0
+    elif snapshot_fraction is not None:
+        n_ckpt = int(snapshot_fraction * rest) // ckpt_bytes
+    else:
+        n_ckpt = int(checkpoints_per_chain * rest / (unit + checkpoints_per_chain * ckpt_bytes))
     n_chain = (rest - n_ckpt * ckpt_bytes) // unit
     sizes = dict(floor)
-    for pk in rlayout.chain_pools():
+    for pk in chain:
         sizes[pk] += n_chain
     for pk in exact:
         sizes[pk] += n_ckpt
@@ -128,10 +159,14 @@ class RuntimeManager:
     when an allocation was refused); ``ops`` counts the manager calls made."""
 
     def __init__(self, layout_name: str, capacity_blocks: int, max_tokens: int,
-                 every_n: int = 0, snapshot_fraction: float = 0.3,
+                 mean_tokens: float | None = None, every_n: int | None = None,
+                 snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
                  page_tokens: int = PAGE_TOKENS, vocab: int = DEFAULT_VOCAB,
                  prototypes: tuple = (), checked: bool = False):
+        defaults = tuned(layout_name, capacity_blocks,
+                         max_tokens if mean_tokens is None else mean_tokens)
+        every_n = defaults["every_n"] if every_n is None else every_n
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         for name in prototypes:
@@ -144,8 +179,10 @@ class RuntimeManager:
         self.rlayout = runtime_layout(layout_name, page_tokens, vocab)
         self.chunk_tokens = chunk_tokens
         self.snapshot_fraction = snapshot_fraction
+        self.checkpoints_per_chain = defaults["checkpoints_per_chain"]
         self.sizing = runtime_pool_sizes(self.rlayout, capacity_blocks, max_tokens,
-                                         chunk_tokens, every_n, snapshot_fraction)
+                                         chunk_tokens, every_n, snapshot_fraction,
+                                         defaults["checkpoints_per_chain"])
         self.mgr = CacheManager(self.rlayout, num_blocks=self.sizing.sizes, device="meta",
                                    every_n=every_n, policy_factory=policy_factory,
                                    checked=checked)
@@ -191,7 +228,8 @@ class RuntimeManager:
         sz = self.sizing
         return {"layout": repr(self.rlayout), "device": str(self.mgr.device),
                 "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
-                "snapshot_fraction": self.snapshot_fraction, "policy": self.policy_name,
+                "snapshot_fraction": self.snapshot_fraction,
+                "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,
                 "prototypes": list(self.prototypes), "refused": self.refused,
                 "budget_bytes": sz.budget_bytes, "bytes": sz.bytes,
                 "floor_bytes": sz.floor_bytes, "unit_bytes": sz.unit,

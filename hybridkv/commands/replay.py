@@ -39,11 +39,11 @@ def add_arguments(p) -> None:
     p.add_argument("--synthetic-requests", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator")
     p.add_argument("--every-n", type=int, default=None, metavar="TOKENS",
-                   help="also checkpoint every TOKENS tokens (a multiple of 512; default: the "
-                        "layout's tuned value, 0 = retention points only)")
+                   help="also checkpoint every TOKENS tokens (a multiple of 512; default: "
+                        "tuned per layout and capacity, 0 = retention points only)")
     p.add_argument("--snapshot-fraction", type=float, default=None,
                    help="share of the byte budget (after the running request's working "
-                        "objects) for checkpoint pools (default: the layout's tuned value)")
+                        "objects) for checkpoint pools (default: tuned per layout and capacity)")
     p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS,
                    help="prefill chunk: one allocate per chunk")
     p.add_argument("--prototypes", default="none",
@@ -77,22 +77,19 @@ def load_trace(spec: str, limit=None, synthetic_requests: int = 4000, seed: int 
 
 
 def runtime_options(args) -> dict:
-    """RuntimeManager keyword arguments from the command line (tuned defaults per layout)."""
+    """RuntimeManager keyword arguments from the command line (None: the tuned default for the
+    layout and capacity, bench.runtime.tuned)."""
     from hybridkv.bench.prototypes import PROTOTYPES
-    from hybridkv.bench.runtime import TUNED
     names = args.prototypes.strip()
     protos = PROTOTYPES if names == "all" else () if names in ("", "none") else \
         tuple(n.strip() for n in names.split(","))
-    tuned = TUNED[args.layout]
-    opts = {"every_n": tuned["every_n"] if args.every_n is None else args.every_n,
-            "snapshot_fraction": tuned["snapshot_fraction"] if args.snapshot_fraction is None
-            else args.snapshot_fraction,
+    opts = {"every_n": args.every_n, "snapshot_fraction": args.snapshot_fraction,
             "chunk_tokens": args.chunk_tokens, "prototypes": protos}
-    if opts["every_n"] < 0 or opts["every_n"] % 512:
-        raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", opts["every_n"])
-    if not 0.0 <= opts["snapshot_fraction"] < 1.0:
+    if args.every_n is not None and (args.every_n < 0 or args.every_n % 512):
+        raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", args.every_n)
+    if args.snapshot_fraction is not None and not 0.0 <= args.snapshot_fraction < 1.0:
         raise ReplayArgumentError("--snapshot-fraction must be in [0, 1)",
-                                  opts["snapshot_fraction"])
+                                  args.snapshot_fraction)
     if args.chunk_tokens < 1:
         raise ReplayArgumentError("--chunk-tokens must be >= 1", args.chunk_tokens)
     return opts
@@ -186,3 +183,10 @@ def run(args) -> int:
     else:
         print(_text(result))
     return 0
+
+
+if __name__ == "__main__":          # `python -m hybridkv.commands.replay ...`: this command alone
+    import argparse
+    _parser = argparse.ArgumentParser(prog="hybridkv replay", description=HELP)
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

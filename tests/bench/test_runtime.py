@@ -96,7 +96,7 @@ def test_pools_sized_from_the_byte_budget(cap):
         assert abs(sz.checkpoints * sz.ckpt_bytes - 0.25 * rest) <= sz.ckpt_bytes
     full = runtime_pool_sizes(runtime_layout("full"), cap, max_tokens=20000)
     assert full.sizes == {("comp", "full"): max(cap, full.floor_bytes // full.unit)}
-    m = RuntimeManager("v4-mini", cap, 20000, snapshot_fraction=0.25)
+    m = RuntimeManager("v4-mini", cap, 20000, every_n=0, snapshot_fraction=0.25)
     assert {pk: p.n for pk, p in m.mgr.pools.items()} == sz.sizes
     assert str(m.mgr.device) == "meta"
 

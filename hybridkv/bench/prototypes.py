@@ -119,6 +119,13 @@ def _with_retention(fn, tags: EntryTags):
     return call
 
 
+def _chain_hits(mgr) -> None:
+    idx = mgr.index
+    idx.ckpts = _ChainCandidates(idx.ckpts, [idx.chain[pk] for pk in mgr.layout.chain_pools()])
+    unpublish = idx.unpublish
+    idx.unpublish = lambda ref: (unpublish(ref)[0], [])
+
+
 def _touch_recomputed(mgr) -> None:
     idx, evictor = mgr.index, mgr.evictor
     publish = idx.publish
@@ -144,11 +151,7 @@ def apply(mgr, names, tags: EntryTags | None = None) -> list:
         if name in NEEDS_TAGS and tags is None:
             raise UnknownPrototypeError(f"{name} without EntryTags")
         if name == "chain_hits" and needs_chain_hits(mgr.layout):
-            idx = mgr.index
-            idx.ckpts = _ChainCandidates(idx.ckpts, [idx.chain[pk]
-                                                     for pk in mgr.layout.chain_pools()])
-            unpublish = idx.unpublish
-            idx.unpublish = lambda ref: (unpublish(ref)[0], [])
+            _chain_hits(mgr)
             done.append(name)
         elif name == "retention_tags":
             snaps = mgr.snapshots

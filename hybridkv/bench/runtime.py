@@ -34,7 +34,8 @@ periodic checkpoints at 100k); `--snapshot-fraction` / `--every-n` override it.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from hybridkv.bench import prototypes as proto
 from hybridkv.bench.managers import Served

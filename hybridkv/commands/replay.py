@@ -128,10 +128,10 @@ def _fail(args, err: Exception) -> int:
 
 def _text(r: dict) -> str:
     rt = r["runtime"]
-    lines = [f"trace {r['trace']} ({r['requests']} requests, {r['block_tokens']}-token blocks)"
-             f"  layout {r['layout']}  capacity {r['capacity_blocks']} blocks",
-             f"{'':8}{'hit rate':>10}{'blocks':>9}{'req/s':>9}{'ops/s':>10}{'p50 us':>9}"
-             f"{'p99 us':>9}{'FLOPs saved':>13}"]
+    lines = [(f"trace {r['trace']} ({r['requests']} requests, {r['block_tokens']}-token blocks)"
+              f"  layout {r['layout']}  capacity {r['capacity_blocks']} blocks"),
+             (f"{'':8}{'hit rate':>10}{'blocks':>9}{'req/s':>9}{'ops/s':>10}{'p50 us':>9}"
+              f"{'p99 us':>9}{'FLOPs saved':>13}")]
     for name in ("ours", "lru"):
         x = r[name]
         lines.append(f"{name:8}{x['hit_rate']:10.4f}{x['block_hit_rate']:9.4f}"

@@ -163,8 +163,7 @@ class RuntimeManager:
                  mean_tokens: float | None = None, every_n: int | None = None,
                  snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
-                 page_tokens: int = PAGE_TOKENS, vocab: int = DEFAULT_VOCAB,
-                 prototypes: tuple = (), checked: bool = False):
+                 vocab: int = DEFAULT_VOCAB, prototypes: tuple = (), checked: bool = False):
         defaults = tuned(layout_name, capacity_blocks,
                          max_tokens if mean_tokens is None else mean_tokens)
         every_n = defaults["every_n"] if every_n is None else every_n
@@ -177,7 +176,7 @@ class RuntimeManager:
         self.hints = "request_hints" in prototypes
         if self.tags is not None:
             policy_factory = proto.tagged(policy_factory, self.tags)
-        self.rlayout = runtime_layout(layout_name, page_tokens, vocab)
+        self.rlayout = runtime_layout(layout_name, PAGE_TOKENS, vocab)
         self.chunk_tokens = chunk_tokens
         self.snapshot_fraction = snapshot_fraction
         self.checkpoints_per_chain = defaults["checkpoints_per_chain"]
@@ -185,8 +184,8 @@ class RuntimeManager:
                                          chunk_tokens, every_n, snapshot_fraction,
                                          defaults["checkpoints_per_chain"])
         self.mgr = CacheManager(self.rlayout, num_blocks=self.sizing.sizes, device="meta",
-                                   every_n=every_n, policy_factory=policy_factory,
-                                   checked=checked)
+                                every_n=every_n, policy_factory=policy_factory,
+                                checked=checked)
         self.prototypes = proto.apply(self.mgr, prototypes, self.tags)
         self.vocab = vocab
         self.ids = itertools.count()

@@ -140,10 +140,11 @@ def _text(r: dict) -> str:
                      f"{x['flops_saved']:13.3e}")
     b = r["belady"]
     lines.append(f"{'belady':8}{b['hit_rate']:10.4f}{b['block_hit_rate']:9.4f}")
+    split = (f"snapshot fraction {rt['snapshot_fraction']}" if rt["snapshot_fraction"] is not None
+             else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
     lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}), every_n "
-                 f"{rt['every_n']}, snapshot fraction {rt['snapshot_fraction']}, chunk "
-                 f"{rt['chunk_tokens']}, refused {rt['refused']}, prototypes "
-                 f"{','.join(rt['prototypes']) or 'none'}")
+                 f"{rt['every_n']}, {split}, chunk {rt['chunk_tokens']}, refused "
+                 f"{rt['refused']}, prototypes {','.join(rt['prototypes']) or 'none'}")
     lines.append(f"pools {rt['num_blocks']}")
     lines.append(f"per-group hit tokens (ours) {r['ours']['group_hit_tokens']}")
     lines.append(f"vLLM baseline: skipped: {r.get('vllm', {}).get('skipped', '')}")

@@ -38,6 +38,19 @@ def test_exact_hits_on_a_known_trace(layout):
     assert m.refused == 0 and m.ops > 3 * len(tr)
 
 
+@pytest.mark.parametrize("layout, cap", [("full", 50), ("v4-mini", 150)])
+def test_checked_replay_under_pressure_keeps_the_invariants(layout, cap):
+    """Every spec invariant after every manager call (checked mode), with the prototypes on,
+    while a small cache evicts; nothing refused."""
+    tr = synthetic_trace(30, seed=4, active=6)
+    lengths = [r.input_length for r in tr.requests]
+    m = RuntimeManager(layout, cap, max(lengths), sum(lengths) / len(lengths),
+                       prototypes=ALL, checked=True)
+    hits = sum(m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests)
+    m.mgr.check_invariants()
+    assert hits > 0 and m.refused == 0 and sum(m.mgr.metrics.evictions.values()) > 0
+
+
 def test_full_layout_misses_without_the_chain_hits_prototype():
     """The manager gap `chain_hits` stands in for (see bench/prototypes.py): a full layout
     records no checkpoint, so nothing ever hits.  Fails once the manager hits on full blocks:

@@ -1,3 +1,5 @@
-"""Trace replay benchmarks: readers and generators (traces), vLLM-style LRU and Belady baselines
-(baselines), per-layout byte/FLOP costs (layouts), block-level managers (managers) and the replay
-loop (sim). Entry point: `hybridkv replay`."""
+"""Trace replay benchmarks: readers and generators (traces), the real CacheManager driven like an
+engine (runtime, with manager changes prototyped from outside in prototypes), vLLM-style LRU and
+Belady baselines (baselines, managers.LRUManager), per-layout byte/FLOP costs (layouts), the
+replay loop and the three-way comparison (replay); the issue-8 simulator (managers.PolicyManager,
+oracle) stays as a reference. Entry point: `hybridkv replay`."""

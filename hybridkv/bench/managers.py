@@ -1,12 +1,16 @@
-"""Block-level cache managers behind the replay seam (see sim.replay).
+"""Block-level cache managers over trace keys: the LRU baseline, and the simulator of issue 8.
 
-A manager is built by `factory(layout, capacity_blocks)` and has `serve(trace, req) -> Served`:
-one lookup + allocate + free of the request, returning what was reused. The runtime's
-CacheManager plugs in through an adapter with the same `serve`.
+A manager has ``prepare(trace, req)`` (untimed; nothing here) and ``serve(trace, req, prepared)
+-> Served``: one lookup + allocate + free of the request, returning what was reused (the replay
+loop: bench.replay).  ``hybridkv replay`` runs ours through the real CacheManager
+(bench.runtime); the simulator stays as a reference for tests and the oracle experiments.
 
-`LRUManager`     vLLM-style single queue. On v4-mini every block keeps its own window and tails
-                 (a checkpoint at each block end), so one unit costs block + checkpoint bytes.
-`PolicyManager`  ours. Policies (one fixed configuration for every trace, layout, capacity):
+`LRUManager`     vLLM-style single queue over the trace's blocks. Capacity is in 512-token
+                 blocks of the layout's bytes; a trace block of N tokens costs N/512 of a block,
+                 and on v4-mini every block also keeps its own window and tails (a checkpoint
+                 at each block end), so one unit costs block + checkpoint bytes.
+`PolicyManager`  the simulator ("ours" before the runtime replay). Policies (one fixed
+                 configuration for every trace, layout, capacity):
                  blocks: policy.FilteredLRUPolicy (recency, rarely-reused classes first;
                  blocks of one layout all cost the same bytes), checkpoints: policy.ValuePolicy
                  (greedy-dual on learned reuse x FLOPs saved per byte: a checkpoint at depth H
@@ -36,12 +40,15 @@ class Served(NamedTuple):
 
 
 class LRUManager:
-    def __init__(self, layout: LayoutCost, capacity_blocks: int):
-        unit = layout.block_bytes + layout.checkpoint_bytes(BLOCK)
+    def __init__(self, layout: LayoutCost, capacity_blocks: int, block_tokens: int = BLOCK):
+        unit = layout.block_bytes * block_tokens / BLOCK + layout.checkpoint_bytes(block_tokens)
         self.layout = layout
-        self.cache = LRUPrefixCache(capacity_blocks * layout.block_bytes // unit)
+        self.cache = LRUPrefixCache(int(capacity_blocks * layout.block_bytes // unit))
 
-    def serve(self, trace, req) -> Served:
+    def prepare(self, trace, req) -> None:
+        return None
+
+    def serve(self, trace, req, prepared=None) -> Served:
         k = self.cache.serve(trace.keys(req))
         tok = sum(trace.block_tokens(req, i) for i in range(k))
         return Served(k, tok, {"all": tok})
@@ -142,7 +149,10 @@ class PolicyManager:
         return True
 
     # -- serve ----------------------------------------------------------------------------
-    def serve(self, trace, req) -> Served:
+    def prepare(self, trace, req) -> None:
+        return None
+
+    def serve(self, trace, req, prepared=None) -> Served:
         self.now += 1
         keys = trace.keys(req)
         bs = trace.block_size

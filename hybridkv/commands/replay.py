@@ -1,4 +1,6 @@
-"""`hybridkv replay TRACE|synthetic`: replay a serving trace through ours, LRU and Belady."""
+"""`hybridkv replay TRACE|synthetic`: replay a serving trace through the real CacheManager (ours),
+the vLLM-style LRU baseline and Belady's MIN, at one capacity (or a 1k/10k/100k sweep with
+--plot)."""
 from __future__ import annotations
 
 import json
@@ -6,10 +8,9 @@ import os
 import sys
 
 NAME = "replay"
-HELP = ("replay a Mooncake-format trace (or 'synthetic') at a capacity: token hit rate, FLOPs "
-        "saved, ops/s and latency for ours vs vLLM-style LRU vs Belady")
+HELP = ("replay a Mooncake-format trace (or 'synthetic') through hk.CacheManager at a capacity: "
+        "token hit rate, FLOPs saved, ops/s and latency for ours vs vLLM-style LRU vs Belady")
 PLOT_CAPACITIES = (1000, 10000, 100000)
-RUNTIME_LIMIT = 300
 
 
 def vllm_status() -> dict:
@@ -26,29 +27,72 @@ def vllm_status() -> dict:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("trace", help="Mooncake JSONL file (plain or .gz), or 'synthetic'")
-    p.add_argument("--layout", default="full", choices=("full", "v4-mini"))
+    from hybridkv.bench.prototypes import PROTOTYPES
+    from hybridkv.bench.runtime import CHUNK_TOKENS, LAYOUT_NAMES
+    p.add_argument("trace", help="Mooncake-format JSONL file (plain or .gz), or 'synthetic'")
+    p.add_argument("--layout", default="full", choices=LAYOUT_NAMES)
     p.add_argument("--capacity-blocks", type=int, default=10000,
-                   help="cache size in 512-token blocks of the layout's bytes per block")
+                   help="cache size in 512-token blocks of the layout's chain bytes")
+    p.add_argument("--block-tokens", type=int, default=512, metavar="N",
+                   help="tokens each hash id of the trace stands for (Mooncake: 512)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--synthetic-requests", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator")
+    p.add_argument("--every-n", type=int, default=None, metavar="TOKENS",
+                   help="also checkpoint every TOKENS tokens (a multiple of 512; default: "
+                        "tuned per layout and capacity, 0 = retention points only)")
+    p.add_argument("--snapshot-fraction", type=float, default=None,
+                   help="share of the byte budget (after the running request's working "
+                        "objects) for checkpoint pools (default: tuned per layout and capacity)")
+    p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS,
+                   help="prefill chunk: one allocate per chunk")
+    p.add_argument("--prototypes", default="none",
+                   help=f"comma list of manager changes to prototype from the bench "
+                        f"({', '.join(PROTOTYPES)}), 'all' or 'none'")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also sweep capacities 1k/10k/100k (+C) and plot hit rate vs capacity")
-    p.add_argument("--manager", default="sim", choices=("sim", "runtime"),
-                   help="'runtime': replay through the real hk.CacheManager (slower; use "
-                        f"--limit, default {RUNTIME_LIMIT}) vs LRU and Belady on the same slice")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
 
 
-def load_trace(spec: str, limit=None, synthetic_requests: int = 4000, seed: int = 0):
+class ReplayArgumentError(ValueError):
+    """A replay option is out of range. Carries `value`."""
+
+    def __init__(self, message: str, value):
+        super().__init__(f"{message}: {value!r}")
+        self.value = value
+
+
+def load_trace(spec: str, limit=None, synthetic_requests: int = 4000, seed: int = 0,
+               block_tokens: int = 512):
     from hybridkv.bench.traces import TraceFormatError, read_mooncake, synthetic_trace
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+        raise TraceFormatError("block tokens must be an int >= 1", block_tokens)
     if spec == "synthetic":
-        return synthetic_trace(synthetic_requests, seed=seed).head(limit)
+        return synthetic_trace(synthetic_requests, seed=seed,
+                               block_size=block_tokens).head(limit)
     if not os.path.isfile(spec):
         raise TraceFormatError("no such trace file", spec)
-    return read_mooncake(spec, limit=limit)
+    return read_mooncake(spec, block_size=block_tokens, limit=limit)
+
+
+def runtime_options(args) -> dict:
+    """RuntimeManager keyword arguments from the command line (None: the tuned default for the
+    layout and capacity, bench.runtime.tuned)."""
+    from hybridkv.bench.prototypes import PROTOTYPES
+    names = args.prototypes.strip()
+    protos = PROTOTYPES if names == "all" else () if names in ("", "none") else \
+        tuple(n.strip() for n in names.split(","))
+    opts = {"every_n": args.every_n, "snapshot_fraction": args.snapshot_fraction,
+            "chunk_tokens": args.chunk_tokens, "prototypes": protos}
+    if args.every_n is not None and (args.every_n < 0 or args.every_n % 512):
+        raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", args.every_n)
+    if args.snapshot_fraction is not None and not 0.0 <= args.snapshot_fraction < 1.0:
+        raise ReplayArgumentError("--snapshot-fraction must be in [0, 1)",
+                                  args.snapshot_fraction)
+    if args.chunk_tokens < 1:
+        raise ReplayArgumentError("--chunk-tokens must be >= 1", args.chunk_tokens)
+    return opts
 
 
 def plot(points: list, out: str, title: str) -> None:
@@ -83,82 +127,55 @@ def _fail(args, err: Exception) -> int:
 
 
 def _text(r: dict) -> str:
-    lines = [f"trace {r['trace']} ({r['requests']} requests)  layout {r['layout']}  "
-             f"capacity {r['capacity_blocks']} blocks",
-             f"{'':8}{'hit rate':>10}{'blocks':>9}{'ops/s':>11}{'p50 us':>9}{'p99 us':>9}"
-             f"{'FLOPs saved':>13}"]
+    rt = r["runtime"]
+    lines = [(f"trace {r['trace']} ({r['requests']} requests, {r['block_tokens']}-token blocks)"
+              f"  layout {r['layout']}  capacity {r['capacity_blocks']} blocks"),
+             (f"{'':8}{'hit rate':>10}{'blocks':>9}{'req/s':>9}{'ops/s':>10}{'p50 us':>9}"
+              f"{'p99 us':>9}{'FLOPs saved':>13}")]
     for name in ("ours", "lru"):
         x = r[name]
         lines.append(f"{name:8}{x['hit_rate']:10.4f}{x['block_hit_rate']:9.4f}"
-                     f"{x['ops_per_s']:11.0f}{x['latency_us']['p50']:9.1f}"
-                     f"{x['latency_us']['p99']:9.1f}{x['flops_saved']:13.3e}")
+                     f"{x['requests_per_s']:9.0f}{x['ops_per_s']:10.0f}"
+                     f"{x['latency_us']['p50']:9.1f}{x['latency_us']['p99']:9.1f}"
+                     f"{x['flops_saved']:13.3e}")
     b = r["belady"]
     lines.append(f"{'belady':8}{b['hit_rate']:10.4f}{b['block_hit_rate']:9.4f}")
-    lines.append(f"ours/Belady (blocks) {r['ours_over_belady']:.3f}   ours/LRU ops/s "
-                 f"{r['ops_ratio_ours_over_lru']:.3f}   per-group hit tokens (ours) "
-                 f"{r['ours']['group_hit_tokens']}")
-    if "sim_ours" in r:
-        lines.append(f"sim ours on the same slice: hit rate {r['sim_ours']['hit_rate']:.4f}   "
-                     f"runtime pools {r['runtime_pools']}")
-    lines.append(f"manager {r.get('manager', 'sim')}   vLLM baseline: skipped: "
-                 f"{r.get('vllm', {}).get('skipped', '')}")
+    split = (f"snapshot fraction {rt['snapshot_fraction']}" if rt["snapshot_fraction"] is not None
+             else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
+    lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}), every_n "
+                 f"{rt['every_n']}, {split}, chunk {rt['chunk_tokens']}, refused "
+                 f"{rt['refused']}, prototypes {','.join(rt['prototypes']) or 'none'}")
+    lines.append(f"pools {rt['num_blocks']}")
+    lines.append(f"per-group hit tokens (ours) {r['ours']['group_hit_tokens']}")
+    lines.append(f"vLLM baseline: skipped: {r.get('vllm', {}).get('skipped', '')}")
     return "\n".join(lines)
-
-
-def _runtime_compare(args, trace, layout, progress) -> dict:
-    from hybridkv.bench.managers import PolicyManager
-    from hybridkv.bench.runtime import RuntimeManager, pretokenize, runtime_layout
-    from hybridkv.bench.sim import compare, replay
-    if args.limit is None:
-        trace = trace.head(RUNTIME_LIMIT)
-    toks = pretokenize(trace, runtime_layout(layout).vocab)
-    lens = [r.input_length for r in trace.requests] or [1]
-    made = []
-
-    def factory(lay, cap):
-        m = RuntimeManager(lay, cap, tokens=toks, mean_tokens=sum(lens) // len(lens),
-                           max_tokens=max(lens))
-        made.append(m)
-        return m
-    out = compare(trace, layout, args.capacity_blocks, progress, ours_factory=factory)
-    sim = replay(trace, PolicyManager, layout, args.capacity_blocks)
-    out["sim_ours"] = {"hit_rate": sim.hit_rate, "block_hit_rate": sim.block_hit_rate,
-                       "ops_per_s": sim.ops_per_s}
-    sz = made[-1].sizing
-    out["runtime_pools"] = {"every_n": sz.every_n, "budget_bytes": sz.budget_bytes,
-                            "bytes": sz.bytes, "refused": made[-1].refused,
-                            "num_blocks": {f"{k}/{g}": n for (k, g), n in sz.sizes.items()}}
-    return out
 
 
 def run(args) -> int:
     from hybridkv.bench.baselines import CapacityError
-    from hybridkv.bench.layouts import get_layout
-    from hybridkv.bench.sim import compare
+    from hybridkv.bench.replay import compare
     from hybridkv.bench.traces import TraceFormatError
     try:
         if args.capacity_blocks < 0:
             raise CapacityError(args.capacity_blocks)
-        trace = load_trace(args.trace, args.limit, args.synthetic_requests, args.seed)
-        layout = get_layout(args.layout)
+        trace = load_trace(args.trace, args.limit, args.synthetic_requests, args.seed,
+                           args.block_tokens)
+        opts = runtime_options(args)
         progress = not args.no_progress and sys.stderr.isatty()
-        if args.manager == "runtime":
-            result = _runtime_compare(args, trace, layout, progress)
-        else:
-            result = compare(trace, layout, args.capacity_blocks, progress=progress)
-        result["manager"] = args.manager
+        result = compare(trace, args.layout, args.capacity_blocks, progress, **opts)
         result["vllm"] = vllm_status()
         if args.plot:
             caps = sorted(set(PLOT_CAPACITIES) | {args.capacity_blocks})
-            pts = [result if c == args.capacity_blocks else compare(trace, layout, c)
-                   for c in caps]
-            plot(pts, args.plot, f"{trace.name}, layout {layout.name}")
+            pts = [result if c == args.capacity_blocks else
+                   compare(trace, args.layout, c, progress, **opts) for c in caps]
+            plot(pts, args.plot, f"{trace.name}, layout {args.layout}")
             result["plot"] = args.plot
             result["sweep"] = [{"capacity_blocks": p["capacity_blocks"],
                                 "ours": p["ours"]["hit_rate"], "lru": p["lru"]["hit_rate"],
                                 "belady": p["belady"]["hit_rate"],
-                                "ours_over_belady_tokens": p["ours_over_belady_tokens"],
-                                "ops_ratio_ours_over_lru": p["ops_ratio_ours_over_lru"]}
+                                "ours_requests_per_s": p["ours"]["requests_per_s"],
+                                "ours_ops_per_s": p["ours"]["ops_per_s"],
+                                "refused": p["runtime"]["refused"]}
                                for p in pts]
     except (TraceFormatError, CapacityError, ValueError, OSError) as e:
         return _fail(args, e)
@@ -167,3 +184,10 @@ def run(args) -> int:
     else:
         print(_text(result))
     return 0
+
+
+if __name__ == "__main__":          # `python -m hybridkv.commands.replay ...`: this command alone
+    import argparse
+    _parser = argparse.ArgumentParser(prog="hybridkv replay", description=HELP)
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -1,4 +1,5 @@
-"""LRU and Belady against brute-force references; Belady bounds every policy."""
+"""LRU and Belady against brute-force references; Belady bounds every policy (the simulator's
+included: it stays as the reference the runtime replay is compared with)."""
 import functools
 import random
 
@@ -7,7 +8,7 @@ import pytest
 from hybridkv.bench.baselines import CapacityError, LRUPrefixCache, belady, flatten
 from hybridkv.bench.layouts import FULL, V4_MINI
 from hybridkv.bench.managers import LRUManager, PolicyManager
-from hybridkv.bench.sim import replay
+from hybridkv.bench.replay import replay
 from hybridkv.bench.traces import Request, Trace, synthetic_trace
 from hybridkv.policy import LRUPolicy
 
@@ -102,15 +103,15 @@ def test_belady_bounds_ours_and_lru(seed):
         bound = belady(acc, cap).hits
         for layout in (FULL, V4_MINI):
             for fac in (PolicyManager, LRUManager):
-                got = replay(tr, fac, layout, cap)
+                got = replay(tr, fac(layout, cap), layout)
                 assert round(got.block_hit_rate * len(acc)) <= bound
 
 
 def test_policy_manager_with_lru_policy_equals_lru_baseline():
     tr = synthetic_trace(400, seed=7, active=8)
     for cap in (30, 200, 1000):
-        a = replay(tr, functools.partial(PolicyManager, policy_factory=LRUPolicy), FULL, cap)
-        b = replay(tr, LRUManager, FULL, cap)
+        a = replay(tr, PolicyManager(FULL, cap, policy_factory=LRUPolicy), FULL)
+        b = replay(tr, LRUManager(FULL, cap), FULL)
         assert a.hit_tokens == b.hit_tokens
 
 
@@ -130,8 +131,8 @@ def test_conversation_trace_reference_numbers():
     if not os.path.exists(path):
         pytest.skip("trace not present")
     tr = read_mooncake(path)
-    lru = replay(tr, LRUManager, FULL, 10000)
-    ours = replay(tr, PolicyManager, FULL, 10000)
+    lru = replay(tr, LRUManager(FULL, 10000), FULL)
+    ours = replay(tr, PolicyManager(FULL, 10000), FULL)
     acc = flatten(tr.keys(r) for r in tr.requests)
     b = belady(acc, 10000)
     assert abs(lru.block_hit_rate - 0.211) < 0.005
@@ -147,10 +148,10 @@ def test_oracles_bounded_by_belady_and_ordered():
     acc = flatten(tr.keys(r) for r in tr.requests)
     cap = 120
     bound = belady(acc, cap).hits
-    got = {w: replay(tr, oracle_factory(tr, w), FULL, cap) for w in ("next_use", "reuse")}
-    noisy = replay(tr, oracle_factory(tr, "reuse", unflagged=0.5), FULL, cap)
-    lru = replay(tr, LRUManager, FULL, cap)
-    ours = replay(tr, PolicyManager, FULL, cap)
+    got = {w: replay(tr, oracle_factory(tr, w)(FULL, cap), FULL) for w in ("next_use", "reuse")}
+    noisy = replay(tr, oracle_factory(tr, "reuse", unflagged=0.5)(FULL, cap), FULL)
+    lru = replay(tr, LRUManager(FULL, cap), FULL)
+    ours = replay(tr, PolicyManager(FULL, cap), FULL)
     for r in list(got.values()) + [noisy]:
         assert round(r.block_hit_rate * len(acc)) <= bound
     assert got["reuse"].hit_tokens > max(ours.hit_tokens, lru.hit_tokens)

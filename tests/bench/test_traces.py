@@ -102,3 +102,20 @@ def test_synthetic_generator_is_deterministic_and_chained():
     assert len({r.tenant for r in a.requests}) > 1
     with pytest.raises(TraceFormatError):
         synthetic_trace(10, tenants=0)
+
+
+@pytest.mark.parametrize("block", [16, 64, 512])
+def test_block_size_n_and_partial_last_blocks(tmp_path, block):
+    """Ids of `block`-token blocks; input lengths not a multiple of it (the last id holds the
+    rest); the same ids give the same tokens whatever a request's length."""
+    n_a, n_b = 3 * block + 5, 4 * block + 1
+    rows = [{"timestamp": 0, "input_length": n_a, "output_length": 1, "hash_ids": [0, 1, 2, 3]},
+            {"timestamp": 1, "input_length": n_b, "output_length": 1,
+             "hash_ids": [0, 1, 2, 7, 8]}]
+    tr = read_mooncake(_write(tmp_path / "n.jsonl", rows), block_size=block)
+    a, b = (request_token_ids(tr, r) for r in tr.requests)
+    assert (len(a), len(b)) == (n_a, n_b) and tr.block_size == block
+    assert a[:3 * block] == b[:3 * block] and a[3 * block:] != b[3 * block:3 * block + 5]
+    assert tr.block_tokens(tr.requests[0], 3) == 5 and tr.block_tokens(tr.requests[1], 4) == 1
+    with pytest.raises(TraceFormatError):              # 4 ids cannot cover n_a in other units
+        read_mooncake(_write(tmp_path / "n.jsonl", rows), block_size=2 * block)

@@ -1,14 +1,12 @@
-"""The eviction/retention policy, the policy manager's invariants, and the replay CLI."""
-import json
+"""The eviction/retention policy and the simulator's (PolicyManager) invariants."""
 import random
 
 import pytest
 
 from hybridkv.bench.layouts import FULL, V4_MINI, UnknownLayoutError, get_layout
-from hybridkv.bench.managers import PolicyManager
-from hybridkv.bench.sim import compare
+from hybridkv.bench.managers import LRUManager, PolicyManager
+from hybridkv.bench.replay import belady_summary, replay
 from hybridkv.bench.traces import synthetic_trace
-from hybridkv.cli import main
 from hybridkv.policy import (EntryMeta, EvictionPolicy, FilteredLRUPolicy, LRUPolicy,
                              PolicyError, ValuePolicy, marconi_checkpoints)
 
@@ -143,14 +141,15 @@ def test_ours_at_least_lru_on_synthetic_multi_turn(cap):
     the requests' partial last blocks are dead weight for LRU, ours must beat it."""
     tr = synthetic_trace(1500, seed=1)
     for layout in (FULL, V4_MINI):
-        r = compare(tr, layout, cap)
+        ours = replay(tr, PolicyManager(layout, cap), layout)
+        lru = replay(tr, LRUManager(layout, cap), layout)
         if cap >= 5000:
-            assert r["ours"]["hit_rate"] >= r["lru"]["hit_rate"]
+            assert ours.hit_rate >= lru.hit_rate
             continue
-        assert r["ours"]["hit_rate"] > r["lru"]["hit_rate"]
-        assert r["belady"]["block_hit_rate"] >= r["ours"]["block_hit_rate"]
-        assert r["ours"]["recomputed_tokens"] == r["ours"]["total_tokens"] - r["ours"]["hit_tokens"]
-        assert 0 < r["ours"]["flops_saved"] < r["ours"]["flops_total"]
+        assert ours.hit_rate > lru.hit_rate
+        assert belady_summary(tr, cap).block_hit_rate >= ours.block_hit_rate
+        assert ours.recomputed_tokens == ours.total_tokens - ours.hit_tokens
+        assert 0 < ours.flops_saved < ours.flops_total
 
 
 def test_layout_costs():
@@ -160,25 +159,3 @@ def test_layout_costs():
     assert FULL.span_flops(0, 512) < FULL.span_flops(512, 1024)   # attention grows with depth
     with pytest.raises(UnknownLayoutError):
         get_layout("v5")
-
-
-def test_cli_replay_json_and_plot(tmp_path, capsys):
-    png = tmp_path / "hr.png"
-    rc = main(["replay", "synthetic", "--json", "--limit", "150", "--capacity-blocks", "300",
-               "--synthetic-requests", "150", "--plot", str(png), "--no-progress"])
-    out = json.loads(capsys.readouterr().out)
-    assert rc == 0
-    assert {"ours", "lru", "belady", "trace", "capacity_blocks", "layout"} <= set(out)
-    assert out["capacity_blocks"] == 300 and out["requests"] == 150
-    assert {"hit_rate", "ops_per_s", "latency_us"} <= set(out["ours"])
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p["capacity_blocks"] for p in out["sweep"]] == [300, 1000, 10000, 100000]
-    assert all(p["belady"] >= p["ours"] and p["belady"] >= p["lru"] for p in out["sweep"])
-    assert isinstance(out["vllm"]["skipped"], str) and "vllm" in out["vllm"]["skipped"]
-
-
-def test_cli_bad_input_exit_2(tmp_path, capsys):
-    assert main(["replay", str(tmp_path / "missing.jsonl"), "--json"]) == 2
-    assert "TraceFormatError" in json.loads(capsys.readouterr().out)["error"]
-    assert main(["replay", "synthetic", "--capacity-blocks", "-3", "--json"]) == 2
-    assert "CapacityError" in json.loads(capsys.readouterr().out)["error"]

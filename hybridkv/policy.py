@@ -11,14 +11,16 @@ The manager owns the data and its structure; the policy only orders what may go.
 One policy instance serves one pool (one object kind): state routing stays with the manager.
 
 `FilteredLRUPolicy` (the benchmark's block-pool default, see its docstring) is exact LRU with a
-front tier for classes reused far below average. `ValuePolicy` is greedy-dual over expected FLOPs saved per byte:
+front tier for classes reused far below average. `ValuePolicy` is greedy-dual over expected FLOPs
+saved per byte:
   priority = clock + p(class) * (flops / nbytes) ** flops_weight
 where `clock` is the priority of the last victim (so old entries age out: recency), flops_weight
 (default 0.25) damps the FLOPs term (1 = plain GDSF cost/size, 0 = reuse only; a hit-rate vs
-FLOPs-saved trade-off: on Mooncake 0.25 costs about 1% hit rate), and p(class) is the reuse probability of the
-entry's class learned online: class = (kind, tag, min(uses, 3)); p = (uses that moved an entry out
-of the class + 1) / (entries that entered it + 2). The trace teaches, e.g., that a request's last
-(partial) block is rarely reused and that a block used twice is likely used again.
+FLOPs-saved trade-off: on Mooncake 0.25 costs about 1% hit rate), and p(class) is the reuse
+probability of the entry's class learned online: class = (kind, tag, min(uses, 3)); p = (uses
+that moved an entry out of the class + 1) / (entries that entered it + 2). The trace teaches, e.g.,
+that a request's last (partial) block is rarely reused and that a block used twice is likely
+used again.
 
 Retention (Marconi-style): keep checkpoints at the branch point (the end of the cached prefix a
 request extends, when it extends it) and at the request's end (its last full block).

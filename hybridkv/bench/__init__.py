@@ -1,5 +1,5 @@
 """Trace replay benchmarks: readers and generators (traces), the real CacheManager driven like an
-engine (runtime, with manager changes prototyped from outside in prototypes), vLLM-style LRU and
+engine (runtime; each request's output-length class as the lookup hint), vLLM-style LRU and
 Belady baselines (baselines, managers.LRUManager), per-layout byte/FLOP costs (layouts), the
 replay loop and the three-way comparison (replay); the issue-8 simulator (managers.PolicyManager,
 oracle) stays as a reference. Entry point: `hybridkv replay`."""

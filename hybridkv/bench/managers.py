@@ -15,11 +15,12 @@ loop: bench.replay).  ``hybridkv replay`` runs ours through the real CacheManage
                  blocks of one layout all cost the same bytes), checkpoints: policy.ValuePolicy
                  (greedy-dual on learned reuse x FLOPs saved per byte: a checkpoint at depth H
                  saves prefix_flops(H) for about the same bytes).
-                 A prefix tree of blocks in a block pool and, for hybrid layouts, checkpoints (window + tails at H) in their own pool (per-kind
-                 pools: evicting for one kind never takes the other's bytes; evicting a block
-                 invalidates the checkpoint at its end). Hit at H = deepest checkpoint on the
-                 leading run of cached blocks (any block end for `full`). Only leaves (no cached
-                 children) that the running request does not use are offered to the policy.
+                 A prefix tree of blocks in a block pool and, for hybrid layouts,
+                 checkpoints (window + tails at H) in their own pool (per-kind pools:
+                 evicting for one kind never takes the other's bytes; evicting a block
+                 invalidates the checkpoint at its end). Hit at H = deepest checkpoint on
+                 the leading run of cached blocks (any block end for `full`). Only leaves (no
+                 cached children) that the running request does not use are offered to the policy.
                  The checkpoint pool keeps a reserve (`ckpt_fraction`) and grows into bytes the
                  block pool leaves free (`borrow`); when blocks need them back, the checkpoint
                  pool shrinks by evicting its own victims (a resize, never a cross-kind evict).

@@ -37,7 +37,6 @@ import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
-from hybridkv.bench import prototypes as proto
 from hybridkv.bench.managers import Served
 from hybridkv.bench.traces import DEFAULT_VOCAB, request_token_ids
 from hybridkv.cache import CacheManager
@@ -51,6 +50,13 @@ LAYOUT_NAMES = ("full", "v4-mini")
 RETAINED_PER_REQUEST = 1.2     # checkpoints a cached request keeps besides periodic ones
 DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this many prompts
 DENSE_EVERY_N = 1024
+
+
+def output_class(req) -> str:
+    """The request's class passed as the lookup ``hint``: its output-length bucket
+    (bit_length // 2, capped at 6), known at admission as an engine's max_tokens is.  On both
+    Mooncake traces blocks left by requests with >= 128 output tokens are rarely reused."""
+    return f"out{min(req.output_length.bit_length() // 2, 6)}"
 
 
 def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float) -> dict:
@@ -163,19 +169,13 @@ class RuntimeManager:
                  mean_tokens: float | None = None, every_n: int | None = None,
                  snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
-                 vocab: int = DEFAULT_VOCAB, prototypes: tuple = (), checked: bool = False):
+                 vocab: int = DEFAULT_VOCAB, hints: bool = True, checked: bool = False):
         defaults = tuned(layout_name, capacity_blocks,
                          max_tokens if mean_tokens is None else mean_tokens)
         every_n = defaults["every_n"] if every_n is None else every_n
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
-        for name in prototypes:
-            if name not in proto.PROTOTYPES:
-                raise proto.UnknownPrototypeError(name)
-        self.tags = proto.EntryTags() if set(prototypes) & set(proto.NEEDS_TAGS) else None
-        self.hints = "request_hints" in prototypes
-        if self.tags is not None:
-            policy_factory = proto.tagged(policy_factory, self.tags)
+        self.hints = hints
         self.rlayout = runtime_layout(layout_name, PAGE_TOKENS, vocab)
         self.chunk_tokens = chunk_tokens
         self.snapshot_fraction = snapshot_fraction
@@ -186,7 +186,6 @@ class RuntimeManager:
         self.mgr = CacheManager(self.rlayout, num_blocks=self.sizing.sizes, device="meta",
                                 every_n=every_n, policy_factory=policy_factory,
                                 checked=checked)
-        self.prototypes = proto.apply(self.mgr, prototypes, self.tags)
         self.vocab = vocab
         self.ids = itertools.count()
         self.refused = 0
@@ -198,9 +197,8 @@ class RuntimeManager:
     def serve(self, trace, req, tokens: list) -> Served:
         rid = next(self.ids)
         m, n = self.mgr, len(tokens)
-        if self.hints:
-            self.tags.request = proto.output_class(req)
-        plan = m.lookup(rid, tokens, salt=req.tenant.encode())
+        plan = m.lookup(rid, tokens, salt=req.tenant.encode(),
+                        hint=output_class(req) if self.hints else "")
         hit, ops = plan.reuse_tokens, 2
         try:
             done = hit
@@ -218,19 +216,17 @@ class RuntimeManager:
             self.refused += 1
             hit = 0
         m.free(rid)
-        if self.hints:
-            self.tags.request = ""
         self.ops += ops
         return Served(hit // trace.block_size, hit, plan.group_hits)
 
     def describe(self) -> dict:
-        """What this replay ran: pools, sizing, options, refusals, prototypes applied."""
+        """What this replay ran: pools, sizing, options, refusals."""
         sz = self.sizing
         return {"layout": repr(self.rlayout), "device": str(self.mgr.device),
                 "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
                 "snapshot_fraction": self.snapshot_fraction,
                 "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,
-                "prototypes": list(self.prototypes), "refused": self.refused,
+                "hints": self.hints, "refused": self.refused,
                 "budget_bytes": sz.budget_bytes, "bytes": sz.bytes,
                 "floor_bytes": sz.floor_bytes, "unit_bytes": sz.unit,
                 "checkpoint_bytes": sz.ckpt_bytes, "chain_units": sz.chain_units,

@@ -24,7 +24,7 @@ class Evictor:
     def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
         self.pools, self.index, self.metrics = pools, index, metrics
         self.policies = {pk: policy_factory() for pk in pools}
-        self.admitted = {pk: {} for pk in pools}      # cache entries: block -> (at, exact)
+        self.admitted = {pk: {} for pk in pools}      # entries: block -> (at, exact, tag)
         self.in_policy = {pk: set() for pk in pools}  # entered into the policy (first as a leaf)
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
@@ -33,12 +33,14 @@ class Evictor:
         self.clock = 0
 
     # -- what is cached --------------------------------------------------------------------
-    def admit(self, ref, at, exact):
+    def admit(self, ref, at, exact, tags=()):
         """A published block becomes a cache entry (evictable once unpinned and a leaf; it
-        enters the policy the first time it is a leaf: interior chain blocks cost nothing)."""
+        enters the policy the first time it is a leaf: interior chain blocks cost nothing).
+        ``tags`` (why a snapshot was retained, the class of the request that leaves it) file
+        it under ``kind/tag/...``: the policy learns reuse per class."""
         pk, b = (ref.kind, ref.group), ref.block
         if b not in self.admitted[pk]:
-            self.admitted[pk][b] = (at, exact)
+            self.admitted[pk][b] = (at, exact, "/".join([ref.kind, *(t for t in tags if t)]))
         self.refresh(ref)
 
     def refresh(self, ref):
@@ -51,9 +53,10 @@ class Evictor:
         if leaf and b not in self.eligible[pk]:
             policy = self.policies[pk]
             if b not in self.in_policy[pk]:
-                at, exact = self.admitted[pk][b]
+                at, exact, tag = self.admitted[pk][b]
                 policy.admit(EntryMeta(b, "checkpoint" if exact else "block",
-                                       pool.block_nbytes, float(at * pool.n_layers), ref.kind),
+                                       pool.block_nbytes, float(at * pool.n_layers),
+                                       tag),
                              self.clock)
                 self.in_policy[pk].add(b)
             policy.eligible(b)

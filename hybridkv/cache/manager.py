@@ -135,11 +135,15 @@ class CacheManager:
 
     # -- 1. lookup ------------------------------------------------------------------------------
     @locked
-    def lookup(self, request_id, token_ids, salt=b""):
+    def lookup(self, request_id, token_ids, salt=b"", hint=""):
         """The HitPlan for ``token_ids`` under tenant ``salt``; registers the request (a
-        looked-up request may look up again).  Reads the cache only."""
+        looked-up request may look up again).  Reads the cache only.  ``hint``: the caller's
+        class of the request (e.g. its output-length bucket, known at admission), filed with
+        every entry it leaves cached: the eviction policy learns reuse per class."""
         if not isinstance(salt, bytes):
             raise BadSalt("salt must be bytes", type(salt).__name__)
+        if not isinstance(hint, str) or len(hint) > 64:
+            raise BadArgument("hint must be a str of at most 64 characters", hint)
         if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
             raise BadArgument("request_id must be a str or int", request_id)
         tokens = check_tokens(token_ids, self.vocab)
@@ -153,7 +157,7 @@ class CacheManager:
         plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),
                           self.disk_link)
         self.requests[request_id] = Request(request_id, salt, root, tokens, keys, plan,
-                                            len(tokens))
+                                            len(tokens), hint)
         self.metrics.lookup(plan)
         return plan
 

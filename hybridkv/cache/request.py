@@ -81,6 +81,7 @@ class Request:
     chain_keys: list                # chain key per full granule of token_ids
     plan: HitPlan
     prompt_len: int
+    hint: str = ""                  # the caller's class of the request (eviction policy)
     phase: int = LOOKED
     num_computed_tokens: int = 0    # committed: their state is in the request's objects
     num_allocated_tokens: int = 0

@@ -111,10 +111,15 @@ class Snapshots:
         for Q in [Q for Q in req.sealed_points if Q < P and req.snapshot_tags[Q] == {"end"}]:
             self.release(req, Q)
 
+    @staticmethod
+    def _tags(req, P):
+        """Policy tags of P's objects: why P was retained, then the request's class."""
+        return ("+".join(sorted(req.snapshot_tags.get(P, ()))), req.hint)
+
     def retain(self, req, P):
         for o in req.snapshots.get(P, ()):
             if o.live(self.pools) and self.index.published(o.ref.kind, o.ref.group, o.ref.block):
-                self.evictor.admit(o.ref, P, True)
+                self.evictor.admit(o.ref, P, True, self._tags(req, P))
 
     def release(self, req, P):
         """Give back P's objects: dropped, or, when another request has pinned one (it hit
@@ -124,7 +129,7 @@ class Snapshots:
                 continue
             rec = self.pools[(o.ref.kind, o.ref.group)].recs[o.ref.block]
             if rec.pins:
-                self.evictor.admit(o.ref, P, True)
+                self.evictor.admit(o.ref, P, True, self._tags(req, P))
             else:
                 self.evictor.drop(o.ref)
         req.snapshot_tags.pop(P, None)

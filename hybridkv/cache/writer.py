@@ -222,6 +222,11 @@ class ObjectWriter:
             self.pools[(kind, gname)].fire(o.ref.block, "publish")
             if parent is not None:
                 self.evictor.refresh(parent)
+        elif not exact:
+            # recomputed past the hit: the cached block holding this key was demanded again
+            held = self.index.chain_block(kind, gname, key)
+            if held is not None:
+                self.evictor.access(ObjRef(kind, gname, held))
         if not exact and not self.layout.exact_kinds(o.at):
             self._record(req, o.at, key)      # a block end needing no snapshot (full layers)
         if exact:
@@ -343,5 +348,5 @@ class ObjectWriter:
             pool = self.pools[(r.ref.kind, r.ref.group)]
             pool.fire(r.ref.block, "unpin")
             if pool.recs[r.ref.block].st != 3 and self.index.published(*r.ref):
-                self.evictor.admit(r.ref, r.at, r.exact)
+                self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
         req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

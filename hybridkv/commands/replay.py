@@ -27,7 +27,6 @@ def vllm_status() -> dict:
 
 
 def add_arguments(p) -> None:
-    from hybridkv.bench.prototypes import PROTOTYPES
     from hybridkv.bench.runtime import CHUNK_TOKENS, LAYOUT_NAMES
     p.add_argument("trace", help="Mooncake-format JSONL file (plain or .gz), or 'synthetic'")
     p.add_argument("--layout", default="full", choices=LAYOUT_NAMES)
@@ -46,9 +45,8 @@ def add_arguments(p) -> None:
                         "objects) for checkpoint pools (default: tuned per layout and capacity)")
     p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS,
                    help="prefill chunk: one allocate per chunk")
-    p.add_argument("--prototypes", default="none",
-                   help=f"comma list of manager changes to prototype from the bench "
-                        f"({', '.join(PROTOTYPES)}), 'all' or 'none'")
+    p.add_argument("--no-hints", dest="hints", action="store_false",
+                   help="do not pass each request's output-length class as the lookup hint")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also sweep capacities 1k/10k/100k (+C) and plot hit rate vs capacity")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -79,12 +77,8 @@ def load_trace(spec: str, limit=None, synthetic_requests: int = 4000, seed: int 
 def runtime_options(args) -> dict:
     """RuntimeManager keyword arguments from the command line (None: the tuned default for the
     layout and capacity, bench.runtime.tuned)."""
-    from hybridkv.bench.prototypes import PROTOTYPES
-    names = args.prototypes.strip()
-    protos = PROTOTYPES if names == "all" else () if names in ("", "none") else \
-        tuple(n.strip() for n in names.split(","))
     opts = {"every_n": args.every_n, "snapshot_fraction": args.snapshot_fraction,
-            "chunk_tokens": args.chunk_tokens, "prototypes": protos}
+            "chunk_tokens": args.chunk_tokens, "hints": args.hints}
     if args.every_n is not None and (args.every_n < 0 or args.every_n % 512):
         raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", args.every_n)
     if args.snapshot_fraction is not None and not 0.0 <= args.snapshot_fraction < 1.0:
@@ -144,7 +138,7 @@ def _text(r: dict) -> str:
              else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
     lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}), every_n "
                  f"{rt['every_n']}, {split}, chunk {rt['chunk_tokens']}, refused "
-                 f"{rt['refused']}, prototypes {','.join(rt['prototypes']) or 'none'}")
+                 f"{rt['refused']}, request hints {'on' if rt['hints'] else 'off'}")
     lines.append(f"pools {rt['num_blocks']}")
     lines.append(f"per-group hit tokens (ours) {r['ours']['group_hit_tokens']}")
     lines.append(f"vLLM baseline: skipped: {r.get('vllm', {}).get('skipped', '')}")

@@ -1,6 +1,5 @@
-"""`hybridkv bench allocator` on the new cache API (tests/test_runtime_bench.py still imports
-the removed hybridkv.lookup and runs /work/main's code): one JSON object with the three modes
-and their ratios."""
+"""`hybridkv bench allocator` runs end to end: one JSON object with the three modes and their
+ratios."""
 import json
 import os
 import subprocess

@@ -5,16 +5,12 @@ import json
 
 import pytest
 
-from hybridkv.bench import prototypes
 from hybridkv.bench.layouts import FULL
 from hybridkv.bench.replay import compare, replay
 from hybridkv.bench.runtime import (RuntimeLayoutError, RuntimeManager, runtime_layout,
                                     runtime_pool_sizes, working_floor)
 from hybridkv.bench.traces import Request, Trace, synthetic_trace
 from hybridkv.commands import replay as replay_cmd
-from hybridkv.policy import EntryMeta, FilteredLRUPolicy
-
-ALL = prototypes.PROTOTYPES
 
 
 def _trace(rows, block=512):
@@ -31,7 +27,7 @@ THREE = [(1100, (0, 1, 2)), (1300, (0, 1, 3)), (1100, (0, 1, 2))]
 @pytest.mark.parametrize("layout", ["full", "v4-mini"])
 def test_exact_hits_on_a_known_trace(layout):
     tr = _trace(THREE)
-    m = RuntimeManager(layout, 100, 1300, prototypes=ALL, checked=True)
+    m = RuntimeManager(layout, 100, 1300, checked=True)
     got = [m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests]
     assert got == [0, 1024, 1024]
     m.mgr.check_invariants()
@@ -40,24 +36,22 @@ def test_exact_hits_on_a_known_trace(layout):
 
 @pytest.mark.parametrize("layout, cap", [("full", 50), ("v4-mini", 150)])
 def test_checked_replay_under_pressure_keeps_the_invariants(layout, cap):
-    """Every spec invariant after every manager call (checked mode), with the prototypes on,
+    """Every spec invariant after every manager call (checked mode), with request hints,
     while a small cache evicts; nothing refused."""
     tr = synthetic_trace(30, seed=4, active=6)
     lengths = [r.input_length for r in tr.requests]
     m = RuntimeManager(layout, cap, max(lengths), sum(lengths) / len(lengths),
-                       prototypes=ALL, checked=True)
+                       checked=True)
     hits = sum(m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests)
     m.mgr.check_invariants()
     assert hits > 0 and m.refused == 0 and sum(m.mgr.metrics.evictions.values()) > 0
 
 
-def test_full_layout_misses_without_the_chain_hits_prototype():
-    """The manager gap `chain_hits` stands in for (see bench/prototypes.py): a full layout
-    records no checkpoint, so nothing ever hits.  Fails once the manager hits on full blocks:
-    then the prototype can go."""
-    m = RuntimeManager("full", 100, 1300)
-    assert replay(_trace(THREE), m, FULL).hit_tokens == 0
-    assert RuntimeManager("v4-mini", 100, 1300).prototypes == []
+def test_hints_off_still_hits():
+    for layout in ("full", "v4-mini"):
+        m = RuntimeManager(layout, 100, 1300, hints=False)
+        assert replay(_trace(THREE), m, FULL).hit_tokens == 2048
+        assert m.describe()["hints"] is False
 
 
 @pytest.mark.parametrize("block", [16, 48, 512])
@@ -74,7 +68,7 @@ def test_block_tokens_with_partial_last_blocks(block):
     shared = (n_a - 1) * block
     assert toks[0][:shared] == toks[1][:shared] and toks[0][shared] != toks[1][shared]
     for layout in ("full", "v4-mini"):
-        r = replay(tr, RuntimeManager(layout, 100, 1500, prototypes=ALL), FULL)
+        r = replay(tr, RuntimeManager(layout, 100, 1500), FULL)
         assert (r.hit_tokens, r.total_tokens) == (1024, 2600), (layout, block)
 
 
@@ -83,7 +77,7 @@ def test_ours_beats_lru_where_lru_keeps_dead_blocks():
     caches it, and the request hints file never-reused classes first; LRU keeps both."""
     tr = synthetic_trace(300, seed=1)
     for layout in ("full", "v4-mini"):
-        r = compare(tr, layout, 300, prototypes=ALL)
+        r = compare(tr, layout, 300)
         ours, lru, bel = r["ours"], r["lru"], r["belady"]
         assert ours["hit_tokens"] > 0 and r["runtime"]["refused"] == 0
         assert ours["hit_rate"] > lru["hit_rate"], (layout, ours["hit_rate"], lru["hit_rate"])
@@ -114,25 +108,14 @@ def test_pools_sized_from_the_byte_budget(cap):
     assert str(m.mgr.device) == "meta"
 
 
-def test_tag_prototypes_file_entries_under_request_class_and_retention():
-    tags = prototypes.EntryTags()
-    p = prototypes.tagged(FilteredLRUPolicy, tags)()
-    tags.request = "out4"
-    p.admit(EntryMeta("a", "block", 1, 1.0, "comp"))
-    tags.retention = "branch"
-    p.admit(EntryMeta("b", "checkpoint", 1, 1.0, "swa"))
-    tags.request = tags.retention = ""
-    p.admit(EntryMeta("c", "block", 1, 1.0, "comp"))
-    assert [p._e[k].meta.tag for k in "abc"] == ["comp/out4", "swa/branch/out4", "comp"]
-    m = RuntimeManager("v4-mini", 100, 1300, prototypes=ALL)
+def test_request_hints_reach_the_policy_classes():
+    m = RuntimeManager("v4-mini", 100, 1300)
     tr = _trace(THREE)
     for r in tr.requests:
         m.serve(tr, r, m.prepare(tr, r))
     classes = {c for pol in m.mgr.evictor.policies.values() for c in pol._entered}
-    assert ("checkpoint", "swa/end+repeat/out0", 0) in classes          # A's end, retained
-    assert ("block", "comp/out0", 0) in classes and m.tags.request == ""
-    with pytest.raises(prototypes.UnknownPrototypeError):
-        RuntimeManager("full", 10, 100, prototypes=("telepathy",))
+    assert ("checkpoint", "swa/end+repeat/out0", 0) in classes      # A's end, retained
+    assert ("block", "comp/out0", 0) in classes
     with pytest.raises(RuntimeLayoutError):
         runtime_layout("dense")
 
@@ -155,7 +138,7 @@ def test_cli_json_is_one_object_and_block_tokens(tmp_path, capsys):
     rows = [(1100, range(69)), (1108, list(range(68)) + [99, 100])]  # 16-token ids: 68.75, 69.25
     path = _write(tmp_path / "t16.jsonl", rows)
     rc = _main([path, "--block-tokens", "16", "--layout", "v4-mini", "--capacity-blocks", "50",
-                "--prototypes", "all", "--json", "--no-progress"])
+                "--json", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and out.count("\n") == 1
     r = json.loads(out)
@@ -163,7 +146,7 @@ def test_cli_json_is_one_object_and_block_tokens(tmp_path, capsys):
     assert r["ours"]["hit_tokens"] == 1024 and r["ours"]["total_tokens"] == 2208
     assert {"hit_rate", "ops_per_s", "requests_per_s", "latency_us"} <= set(r["ours"])
     assert r["runtime"]["device"] == "meta" and r["runtime"]["refused"] == 0
-    assert "chain_hits" not in r["runtime"]["prototypes"]           # it concerns full only
+    assert r["runtime"]["hints"] is True
     assert isinstance(r["vllm"]["skipped"], str)
     assert _main([path, "--json", "--no-progress"]) == 2             # 69 ids != 1100 / 512
     assert "TraceFormatError" in json.loads(capsys.readouterr().out)["error"]
@@ -172,7 +155,7 @@ def test_cli_json_is_one_object_and_block_tokens(tmp_path, capsys):
 def test_cli_plot_sweep(tmp_path, capsys):
     png = tmp_path / "hr.png"
     rc = _main(["synthetic", "--json", "--synthetic-requests", "60", "--capacity-blocks", "300",
-                "--plot", str(png), "--prototypes", "all", "--no-progress"])
+                "--plot", str(png), "--no-progress"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p["capacity_blocks"] for p in out["sweep"]] == [300, 1000, 10000, 100000]
@@ -185,7 +168,6 @@ def test_cli_plot_sweep(tmp_path, capsys):
     (["synthetic", "--every-n", "100"], "ReplayArgumentError"),
     (["synthetic", "--snapshot-fraction", "1.5"], "ReplayArgumentError"),
     (["synthetic", "--block-tokens", "0"], "TraceFormatError"),
-    (["synthetic", "--prototypes", "telepathy"], "UnknownPrototypeError"),
 ])
 def test_cli_bad_input_exit_2(argv, err, capsys):
     assert _main(argv + ["--json", "--synthetic-requests", "5", "--no-progress"]) == 2

@@ -24,8 +24,7 @@ class Evictor:
     def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
         self.pools, self.index, self.metrics = pools, index, metrics
         self.policies = {pk: policy_factory() for pk in pools}
-        self.admitted = {pk: {} for pk in pools}      # entries: block -> (at, exact, tag)
-        self.in_policy = {pk: set() for pk in pools}  # entered into the policy (first as a leaf)
+        self.admitted = {pk: {} for pk in pools}      # entries (in the policy): block -> at
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
@@ -34,13 +33,19 @@ class Evictor:
 
     # -- what is cached --------------------------------------------------------------------
     def admit(self, ref, at, exact, tags=()):
-        """A published block becomes a cache entry (evictable once unpinned and a leaf; it
-        enters the policy the first time it is a leaf: interior chain blocks cost nothing).
-        ``tags`` (why a snapshot was retained, the class of the request that leaves it) file
-        it under ``kind/tag/...``: the policy learns reuse per class."""
+        """A published block becomes a cache entry (evictable once unpinned and a leaf).  It
+        enters the policy now, stamped with this use: a chain block that becomes a leaf only
+        when its child goes keeps the recency of its last use (never a fresh one).  ``tags``
+        (why a snapshot was retained, the class of the request that leaves it) file it under
+        ``kind/tag/...``: the policy learns reuse per class."""
         pk, b = (ref.kind, ref.group), ref.block
         if b not in self.admitted[pk]:
-            self.admitted[pk][b] = (at, exact, "/".join([ref.kind, *(t for t in tags if t)]))
+            self.admitted[pk][b] = at
+            pool = self.pools[pk]
+            tag = "/".join([ref.kind, *(t for t in tags if t)])
+            self.policies[pk].admit(EntryMeta(b, "checkpoint" if exact else "block",
+                                              pool.block_nbytes, float(at * pool.n_layers),
+                                              tag), self.clock)
         self.refresh(ref)
 
     def refresh(self, ref):
@@ -51,15 +56,7 @@ class Evictor:
         (self.cached[pk].add if cached else self.cached[pk].discard)(b)
         leaf = cached and self.index.children(ref) == 0
         if leaf and b not in self.eligible[pk]:
-            policy = self.policies[pk]
-            if b not in self.in_policy[pk]:
-                at, exact, tag = self.admitted[pk][b]
-                policy.admit(EntryMeta(b, "checkpoint" if exact else "block",
-                                       pool.block_nbytes, float(at * pool.n_layers),
-                                       tag),
-                             self.clock)
-                self.in_policy[pk].add(b)
-            policy.eligible(b)
+            self.policies[pk].eligible(b)
             self.eligible[pk].add(b)
         elif not leaf and b in self.eligible[pk]:
             self.policies[pk].ineligible(b)
@@ -69,7 +66,7 @@ class Evictor:
     def access(self, ref):
         """A request used the block (a hit)."""
         self.clock += 1
-        if ref.block in self.in_policy[(ref.kind, ref.group)]:
+        if ref.block in self.admitted[(ref.kind, ref.group)]:
             self.policies[(ref.kind, ref.group)].access(ref.block, self.clock)
 
     def mark_dead(self, refs):
@@ -85,9 +82,8 @@ class Evictor:
         self.cached[pk].discard(b)
         if b in self.eligible[pk]:
             self.eligible[pk].discard(b)
-        self.admitted[pk].pop(b, None)
-        if b in self.in_policy[pk]:
-            self.in_policy[pk].discard(b)
+        if b in self.admitted[pk]:
+            del self.admitted[pk][b]
             self.policies[pk].remove(b, evicted)
         self.pools[pk].touch(b)
 

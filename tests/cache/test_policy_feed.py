@@ -6,6 +6,7 @@ import pytest
 import hybridkv as hk
 from hybridkv.cache import CacheManager
 from hybridkv.errors import BadArgument
+from hybridkv.policy import FilteredLRUPolicy
 
 LAY = hk.ModelLayout.full(16, vocab=256)
 A = [(5 * i + 1) % 256 for i in range(48)]
@@ -31,7 +32,7 @@ def test_hint_files_entries_under_the_request_class():
     serve(m, "a", A, hint="out3")
     serve(m, "b", [9] * 40)
     tags = sorted(e.meta.tag for e in _policy(m)._e.values())
-    assert tags == ["comp", "comp/out3"]
+    assert tags == ["comp"] * 2 + ["comp/out3"] * 3      # B's 2 blocks, A's 3
 
 
 def test_a_block_recomputed_past_the_hit_is_a_use_of_the_cached_one():
@@ -39,10 +40,11 @@ def test_a_block_recomputed_past_the_hit_is_a_use_of_the_cached_one():
     request recomputes [32, 48) whose key A's cached block holds: that block was demanded."""
     m = CacheManager(LAY, num_blocks=16, device="meta")
     serve(m, "a", A)
-    (leaf,) = _policy(m)._e.values()
-    assert leaf.uses == 0
+    entries = _policy(m)._e
+    leaf = max(entries.values(), key=lambda e: e.meta.flops)    # the block ending at 48
+    assert len(entries) == 3 and leaf.uses == 0
     assert serve(m, "b", A) == 32
-    assert leaf.uses == 1 and len(_policy(m)) == 1      # B's copy went, A's block stays
+    assert leaf.uses == 1 and len(entries) == 3     # B's copy went, A's block stays
     m.check_invariants()
 
 
@@ -52,3 +54,22 @@ def test_bad_hint_is_named_and_registers_nothing(hint):
     with pytest.raises(BadArgument) as e:
         m.lookup("r", A, hint=hint)
     assert e.value.value == hint and m.stats()["requests"] == 0
+
+
+B = [(7 * i + 3) % 256 for i in range(48)]
+C = [(11 * i + 2) % 256 for i in range(64)]
+
+
+def test_eviction_follows_last_use_down_a_chain():
+    """A is used, then B; a new prompt needs room.  Victims go in last-use order: A's whole
+    chain (leaf first, then the parent it exposes) before any block of B.  A parent that
+    becomes a leaf only when its child goes keeps the recency of its last use; before the fix
+    it entered the policy as new at that moment and outlived B's blocks."""
+    m = CacheManager(LAY, num_blocks=8, device="meta", policy_factory=FilteredLRUPolicy)
+    serve(m, "a", A)
+    serve(m, "b", B)
+    serve(m, "c", C)
+    hit_a = m.lookup("qa", A + [1]).reuse_tokens
+    hit_b = m.lookup("qb", B + [1]).reuse_tokens
+    assert (hit_a, hit_b) == (16, 48)           # two victims: A's blocks ending at 48 and 32
+    m.check_invariants()

@@ -143,3 +143,19 @@ def flatten(requests: Iterable[Sequence]) -> list:
     for keys in requests:
         out.extend(keys)
     return out
+
+
+def engine_rule_bound(trace) -> float:
+    """Token hit rate of an unbounded cache under the engine rule (whole blocks only, the last
+    prompt token always computed): the most any engine can reuse on ``trace``."""
+    seen: set = set()
+    hit = total = 0
+    for req in trace.requests:
+        keys = trace.keys(req)
+        k = 0
+        while k < len(keys) and keys[k] in seen:
+            k += 1
+        hit += min(k, (req.input_length - 1) // trace.block_size) * trace.block_size
+        total += req.input_length
+        seen.update(keys)
+    return hit / total if total else 0.0

@@ -9,6 +9,10 @@ loop: bench.replay).  ``hybridkv replay`` runs ours through the real CacheManage
                  blocks of the layout's bytes; a trace block of N tokens costs N/512 of a block,
                  and on v4-mini every block also keeps its own window and tails (a checkpoint
                  at each block end), so one unit costs block + checkpoint bytes.
+                 ``engine_rule=True`` counts hits as an engine can use them (vLLM's
+                 get_computed_blocks): whole blocks only, and never the whole prompt (its last
+                 token is always computed), so at most (input_length - 1) // block blocks; the
+                 default counts every leading cached trace block, partial last one included.
 `PolicyManager`  the simulator ("ours" before the runtime replay). Policies (one fixed
                  configuration for every trace, layout, capacity):
                  blocks: policy.FilteredLRUPolicy (recency, rarely-reused classes first;
@@ -41,9 +45,11 @@ class Served(NamedTuple):
 
 
 class LRUManager:
-    def __init__(self, layout: LayoutCost, capacity_blocks: int, block_tokens: int = BLOCK):
+    def __init__(self, layout: LayoutCost, capacity_blocks: int, block_tokens: int = BLOCK,
+                 engine_rule: bool = False):
         unit = layout.block_bytes * block_tokens / BLOCK + layout.checkpoint_bytes(block_tokens)
         self.layout = layout
+        self.engine_rule = engine_rule
         self.cache = LRUPrefixCache(int(capacity_blocks * layout.block_bytes // unit))
 
     def prepare(self, trace, req) -> None:
@@ -51,6 +57,8 @@ class LRUManager:
 
     def serve(self, trace, req, prepared=None) -> Served:
         k = self.cache.serve(trace.keys(req))
+        if self.engine_rule:
+            k = min(k, (req.input_length - 1) // trace.block_size)
         tok = sum(trace.block_tokens(req, i) for i in range(k))
         return Served(k, tok, {"all": tok})
 

@@ -9,14 +9,18 @@ else 3 per request).
 
 ``compare`` is the ``--json`` object of ``hybridkv replay``: ours = the real
 ``hk.CacheManager`` (bench.runtime.RuntimeManager), LRU = the vLLM-style baseline over the
-trace's blocks (bench.managers.LRUManager), Belady = MIN over the same block accesses.
+trace's blocks (bench.managers.LRUManager) counting hits as an engine can use them (whole blocks,
+the last prompt token always computed: the rule ours serves under), ``lru_trace_blocks`` = the
+same cache counting every leading cached trace block (the accounting of the earlier simulator
+figures, partial last block and whole-prompt repeats included), Belady = MIN over the same block
+accesses (trace-block accounting), ``engine_bound`` = an unbounded cache under the engine rule.
 """
 from __future__ import annotations
 
 import time
 from typing import NamedTuple
 
-from hybridkv.bench.baselines import belady, check_capacity, flatten
+from hybridkv.bench.baselines import belady, check_capacity, engine_rule_bound, flatten
 from hybridkv.bench.layouts import BLOCK, LayoutCost, get_layout
 from hybridkv.bench.managers import LRUManager
 from hybridkv.bench.traces import Trace
@@ -117,12 +121,16 @@ def compare(trace: Trace, layout: str, capacity_blocks: int, progress: bool = Fa
     mgr = RuntimeManager(layout, capacity_blocks, max(lengths), sum(lengths) / len(lengths),
                          **runtime_options)
     ours = replay(trace, mgr, cost, progress)
-    lru = replay(trace, LRUManager(cost, capacity_blocks, trace.block_size), cost, progress)
+    lru = replay(trace, LRUManager(cost, capacity_blocks, trace.block_size, engine_rule=True),
+                 cost, progress)
+    lru_blocks = replay(trace, LRUManager(cost, capacity_blocks, trace.block_size), cost,
+                        progress)
     bel = belady_summary(trace, capacity_blocks)
     return {
         "trace": trace.name, "layout": layout, "capacity_blocks": capacity_blocks,
         "block_tokens": trace.block_size, "requests": len(trace),
-        "ours": ours.as_dict(), "lru": lru.as_dict(), "belady": bel._asdict(),
+        "ours": ours.as_dict(), "lru": lru.as_dict(), "lru_trace_blocks": lru_blocks.as_dict(),
+        "belady": bel._asdict(), "engine_bound": engine_rule_bound(trace),
         "ours_over_lru": ours.hit_rate / lru.hit_rate if lru.hit_rate else None,
         "ours_over_belady_tokens": ours.hit_rate / bel.hit_rate if bel.hit_rate else None,
         "runtime": mgr.describe(),

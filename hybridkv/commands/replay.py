@@ -98,7 +98,8 @@ def plot(points: list, out: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, get in (("ours", lambda p: p["ours"]["hit_rate"]),
                       ("LRU (vLLM-style)", lambda p: p["lru"]["hit_rate"]),
-                      ("Belady (MIN)", lambda p: p["belady"]["hit_rate"])):
+                      ("Belady (MIN, trace blocks)", lambda p: p["belady"]["hit_rate"]),
+                      ("unbounded, engine rule", lambda p: p["engine_bound"])):
         ax.plot(caps, [get(p) for p in points], marker="o", label=name)
     ax.set_xscale("log")
     ax.set_xlabel("capacity (blocks)")
@@ -126,14 +127,17 @@ def _text(r: dict) -> str:
               f"  layout {r['layout']}  capacity {r['capacity_blocks']} blocks"),
              (f"{'':8}{'hit rate':>10}{'blocks':>9}{'req/s':>9}{'ops/s':>10}{'p50 us':>9}"
               f"{'p99 us':>9}{'FLOPs saved':>13}")]
-    for name in ("ours", "lru"):
+    for name, label in (("ours", "ours"), ("lru", "lru"), ("lru_trace_blocks", "lru-blk")):
         x = r[name]
-        lines.append(f"{name:8}{x['hit_rate']:10.4f}{x['block_hit_rate']:9.4f}"
+        lines.append(f"{label:8}{x['hit_rate']:10.4f}{x['block_hit_rate']:9.4f}"
                      f"{x['requests_per_s']:9.0f}{x['ops_per_s']:10.0f}"
                      f"{x['latency_us']['p50']:9.1f}{x['latency_us']['p99']:9.1f}"
                      f"{x['flops_saved']:13.3e}")
     b = r["belady"]
     lines.append(f"{'belady':8}{b['hit_rate']:10.4f}{b['block_hit_rate']:9.4f}")
+    lines.append(f"{'bound':8}{r['engine_bound']:10.4f}   (unbounded cache, engine rule)")
+    lines.append("lru counts hits as an engine uses them (whole blocks, last token computed), "
+                 "like ours; lru-blk (lru_trace_blocks) and belady count every cached trace block")
     split = (f"snapshot fraction {rt['snapshot_fraction']}" if rt["snapshot_fraction"] is not None
              else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
     lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}), every_n "
@@ -166,7 +170,9 @@ def run(args) -> int:
             result["plot"] = args.plot
             result["sweep"] = [{"capacity_blocks": p["capacity_blocks"],
                                 "ours": p["ours"]["hit_rate"], "lru": p["lru"]["hit_rate"],
+                                "lru_trace_blocks": p["lru_trace_blocks"]["hit_rate"],
                                 "belady": p["belady"]["hit_rate"],
+                                "engine_bound": p["engine_bound"],
                                 "ours_requests_per_s": p["ours"]["requests_per_s"],
                                 "ours_ops_per_s": p["ours"]["ops_per_s"],
                                 "refused": p["runtime"]["refused"]}

@@ -82,9 +82,11 @@ class PolicyManager:
     def __init__(self, layout: LayoutCost, capacity_blocks: int,
                  policy_factory: Callable = FilteredLRUPolicy, ckpt_fraction: float = 0.12,
                  every_n: int = 2, borrow: bool = True,
-                 periodic_free: float = 0.0, ckpt_policy_factory: Callable | None = ValuePolicy):
+                 periodic_free: float = 0.0, ckpt_policy_factory: Callable | None = ValuePolicy,
+                 engine_rule: bool = False):
         budget = capacity_blocks * layout.block_bytes
         self.layout = layout
+        self.engine_rule = engine_rule        # hits as LRUManager(engine_rule=True) counts them
         self.hybrid = layout.needs_checkpoint
         frac = ckpt_fraction if self.hybrid else 0.0
         self.budget = budget
@@ -169,12 +171,13 @@ class PolicyManager:
         n = len(keys)
         chain = 0
         hit = 0
+        limit = (req.input_length - 1) // bs if self.engine_rule else n
         for i, k in enumerate(keys):
             node = nodes.get(k)
             if node is None:
                 break
             chain = i + 1
-            if not self.hybrid or node.ckpt:
+            if (not self.hybrid or node.ckpt) and i < limit:
                 hit = i + 1
         chain_tok = sum(trace.block_tokens(req, i) for i in range(chain))
         hit_tok = sum(trace.block_tokens(req, i) for i in range(hit))

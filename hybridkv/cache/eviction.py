@@ -24,7 +24,7 @@ class Evictor:
     def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
         self.pools, self.index, self.metrics = pools, index, metrics
         self.policies = {pk: policy_factory() for pk in pools}
-        self.admitted = {pk: {} for pk in pools}      # entries (in the policy): block -> at
+        self.admitted = {pk: set() for pk in pools}     # cache entries (in the policy)
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
@@ -40,7 +40,7 @@ class Evictor:
         ``kind/tag/...``: the policy learns reuse per class."""
         pk, b = (ref.kind, ref.group), ref.block
         if b not in self.admitted[pk]:
-            self.admitted[pk][b] = at
+            self.admitted[pk].add(b)
             pool = self.pools[pk]
             tag = "/".join([ref.kind, *(t for t in tags if t)])
             self.policies[pk].admit(EntryMeta(b, "checkpoint" if exact else "block",
@@ -83,7 +83,7 @@ class Evictor:
         if b in self.eligible[pk]:
             self.eligible[pk].discard(b)
         if b in self.admitted[pk]:
-            del self.admitted[pk][b]
+            self.admitted[pk].discard(b)
             self.policies[pk].remove(b, evicted)
         self.pools[pk].touch(b)
 

@@ -146,16 +146,12 @@ def flatten(requests: Iterable[Sequence]) -> list:
 
 
 def engine_rule_bound(trace) -> float:
-    """Token hit rate of an unbounded cache under the engine rule (whole blocks only, the last
-    prompt token always computed): the most any engine can reuse on ``trace``."""
-    seen: set = set()
+    """Token hit rate of an unbounded cache under the engine rule (``trace.reusable_blocks``):
+    the most any engine can reuse on ``trace``."""
+    cache = LRUPrefixCache(max(1, sum(len(r.hash_ids) for r in trace.requests)))
     hit = total = 0
     for req in trace.requests:
-        keys = trace.keys(req)
-        k = 0
-        while k < len(keys) and keys[k] in seen:
-            k += 1
-        hit += min(k, (req.input_length - 1) // trace.block_size) * trace.block_size
+        k = min(cache.serve(trace.keys(req)), trace.reusable_blocks(req))
+        hit += sum(trace.block_tokens(req, i) for i in range(k))
         total += req.input_length
-        seen.update(keys)
     return hit / total if total else 0.0

@@ -58,15 +58,14 @@ class LRUManager:
     def serve(self, trace, req, prepared=None) -> Served:
         k = self.cache.serve(trace.keys(req))
         if self.engine_rule:
-            k = min(k, (req.input_length - 1) // trace.block_size)
+            k = min(k, trace.reusable_blocks(req))
         tok = sum(trace.block_tokens(req, i) for i in range(k))
         return Served(k, tok, {"all": tok})
 
 
 def _tag(req, partial: bool) -> str:
     # request features known when its blocks are freed; the policy learns reuse per tag
-    out = min(req.output_length.bit_length() // 2, 6)
-    return f"{'tail' if partial else 'mid'}/out{out}"
+    return f"{'tail' if partial else 'mid'}/{req.output_class}"
 
 
 class _Node:
@@ -171,7 +170,7 @@ class PolicyManager:
         n = len(keys)
         chain = 0
         hit = 0
-        limit = (req.input_length - 1) // bs if self.engine_rule else n
+        limit = trace.reusable_blocks(req) if self.engine_rule else n
         for i, k in enumerate(keys):
             node = nodes.get(k)
             if node is None:

@@ -52,13 +52,6 @@ DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this
 DENSE_EVERY_N = 1024
 
 
-def output_class(req) -> str:
-    """The request's class passed as the lookup ``hint``: its output-length bucket
-    (bit_length // 2, capped at 6), known at admission as an engine's max_tokens is.  On both
-    Mooncake traces blocks left by requests with >= 128 output tokens are rarely reused."""
-    return f"out{min(req.output_length.bit_length() // 2, 6)}"
-
-
 def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float) -> dict:
     """Default ``every_n`` and checkpoint sets per chain unit (see the module docstring,
     "Tuning"); a layout without snapshots needs neither."""
@@ -198,7 +191,7 @@ class RuntimeManager:
         rid = next(self.ids)
         m, n = self.mgr, len(tokens)
         plan = m.lookup(rid, tokens, salt=req.tenant.encode(),
-                        hint=output_class(req) if self.hints else "")
+                        hint=req.output_class if self.hints else "")
         hit, ops = plan.reuse_tokens, 2
         try:
             done = hit

@@ -48,6 +48,13 @@ class Request(NamedTuple):
     hash_ids: tuple
     tenant: str = ""
 
+    @property
+    def output_class(self) -> str:
+        """Output-length bucket (bit_length // 2, capped at 6), known at admission as an
+        engine's max_tokens is: the request class the eviction policies learn reuse by (on both
+        Mooncake traces blocks left by requests with >= 128 output tokens are rarely reused)."""
+        return f"out{min(self.output_length.bit_length() // 2, 6)}"
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -68,6 +75,11 @@ class Trace:
     def block_tokens(self, req: Request, i: int) -> int:
         """Number of prompt tokens in block i of `req` (the last block is usually partial)."""
         return min(self.block_size, req.input_length - i * self.block_size)
+
+    def reusable_blocks(self, req: Request) -> int:
+        """The most leading blocks of `req` an engine can reuse: whole blocks only, and never
+        the whole prompt (its last token is always computed; vLLM's get_computed_blocks)."""
+        return (req.input_length - 1) // self.block_size
 
     def head(self, n: int | None) -> "Trace":
         if n is None:

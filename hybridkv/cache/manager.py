@@ -230,7 +230,7 @@ class CacheManager:
             raise RequestBusy("unpin only a pinned request that wrote nothing", request_id)
         self.writer.release(req)
         fresh = Request(req.request_id, req.salt, req.root_key, req.token_ids, req.chain_keys,
-                        req.plan, req.prompt_len)
+                        req.plan, req.prompt_len, req.hint)
         self.requests[request_id] = fresh
 
     @locked

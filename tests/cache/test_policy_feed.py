@@ -73,3 +73,21 @@ def test_eviction_follows_last_use_down_a_chain():
     hit_b = m.lookup("qb", B + [1]).reuse_tokens
     assert (hit_a, hit_b) == (16, 48)           # two victims: A's blocks ending at 48 and 32
     m.check_invariants()
+
+
+def test_hint_survives_pin_and_unpin():
+    """unpin gives the plan back and keeps the request's class: what it leaves cached later is
+    still filed under its hint."""
+    m = CacheManager(LAY, num_blocks=16, device="meta")
+    serve(m, "a", A)
+    H = m.lookup("b", A + [7] * 16, hint="out2").reuse_tokens
+    m.pin("b")
+    m.unpin("b")
+    a = m.allocate("b", 64 - H)
+    L = a.start
+    for P in [q for q in a.checkpoints if L < q < a.end] + [a.end]:
+        m.commit("b", P - L)
+        L = P
+    m.free("b")
+    tags = sorted(e.meta.tag for e in _policy(m)._e.values())
+    assert "comp/out2" in tags, tags

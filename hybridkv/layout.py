@@ -58,11 +58,6 @@ class LayerGroup(NamedTuple):
         return self.kind in ("csa", "hca")
 
     @property
-    def chained(self):
-        """The group has shared chain blocks (comp, and idx with an indexer)."""
-        return self.kind != "swa"
-
-    @property
     def kinds(self):
         return _GROUP_KINDS[(self.kind, bool(self.idx_dim))]
 

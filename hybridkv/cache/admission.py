@@ -2,6 +2,12 @@
 pool "free + evictable covers the new blocks".  Refusal is decided in O(pools) from the
 writer's closed-form counts (ObjectWriter.blocks_needed), before any block is touched, and
 changes nothing.  ``pool_sizes`` sizes pools from the same counts.
+
+An admitted allocation's blocks are *reserved* while eviction makes room for them
+(``make_room``): they count as in transit before they are written, so a spill that an
+eviction starts is admitted (spec can_admit_objects, the same rule) only beside them -- the
+cap holds at every step, as it does in the spec, where every object enters transit through
+that guard one at a time.
 """
 from hybridkv.errors import AdmissionRefused, RequestTooLarge
 from spec.funnel import can_admit_objects
@@ -11,9 +17,22 @@ class Admission:
     def __init__(self, pools, evictor, cap, transit=lambda: 0):
         self.pools, self.evictor, self.cap = pools, evictor, cap
         self.transit = transit          # disk spills / loads and external holders in transit
+        self.reserved = 0               # blocks of an admitted allocation not yet written
 
     def in_transit(self):
-        return sum(p.n_writing for p in self.pools.values()) + self.transit()
+        return sum(p.n_writing for p in self.pools.values()) + self.transit() + self.reserved
+
+    def make_room(self, need):
+        """Evict (and spill) for an admitted allocation (``check`` passed): its blocks are
+        reserved meanwhile, so a spill enters transit only beside them under the cap; the
+        check counted only blocks eviction can take, so this does not run short."""
+        total = sum(need.values())
+        self.reserved += total
+        try:
+            for pk, k in need.items():
+                self.evictor.make_room(pk, k)
+        finally:
+            self.reserved -= total
 
     def check(self, need, protect=()):
         """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
@@ -22,7 +41,7 @@ class Admission:
         held = {}
         for r in protect:
             pk = (r.ref.kind, r.ref.group)
-            if r.ref.block in self.evictor.cached[pk]:
+            if self.evictor.takeable(r.ref):
                 held[pk] = held.get(pk, 0) + 1
         short, too_large = {}, {}
         for pk, k in need.items():

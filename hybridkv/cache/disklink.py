@@ -216,7 +216,7 @@ class DiskLink:
         try:
             with mgr.evictor.holding(protect):
                 mgr.admission.check({pk: 1})
-                mgr.evictor.make_room(pk, 1)
+                mgr.admission.make_room({pk: 1})
         except AdmissionRefused:
             return False
         b = pool.alloc()
@@ -294,9 +294,8 @@ class DiskLink:
         parent = None
         if r.kind in ("comp", "idx"):
             parent = chain_at(r.kind, r.group, r.at - (r.at % bs if r.exact else bs))
-        mgr.index.publish(ld.ref, r.ikey, r.exact, parent)
-        if parent is not None:
-            mgr.evictor.refresh(parent)
+        if mgr.index.publish(ld.ref, r.ikey, r.exact, parent):
+            mgr.evictor.entered(ld.ref)
         mgr.evictor.admit(ld.ref, r.at, r.exact)
         if r.exact and all(mgr.index.exact_block(s.kind, s.group, r.ikey) is not None
                            for s in mgr.layout.exact_at(r.H)):

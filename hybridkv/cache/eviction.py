@@ -6,9 +6,14 @@ and leaf anchors of a checkpoint whose chain or snapshot went; PrefixIndex.unpub
 them), then the policy's choice among *leaves* -- cached blocks without cached children in this
 pool -- so a chain loses its deepest block first and a prefix is never broken in the middle.
 
-A block is ``cached`` when it is admitted to the policy, READY (or STALE) and unpinned: it can
-be evicted now or once its descendants are.  Admission counts ``n_free + cached`` per pool (a
-running request pins every chain block it reads, so no cached block has a pinned descendant).
+A block is ``cached`` when it is admitted to the policy, READY (or STALE) and unpinned.  A
+cached block can still have a *live* descendant: a request that recomputed a prefix another
+request published meanwhile hangs its next chain blocks off the other's (cached) block.  Such a
+block is ``blocked``: eviction (leaves first) never reaches it while that descendant lives, so
+admission counts per pool only what eviction can take, ``n_free + cached - blocked``.  A
+published block is *live* when it is not cached or is blocked; each block counts its live
+children (``live_below``) and a change travels up the parent chain only while it flips a
+parent's liveness (O(1) for a request extending its own pinned chain).
 """
 import contextlib
 
@@ -28,6 +33,9 @@ class Evictor:
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
+        self.live = {pk: set() for pk in pools}         # published, not cached or blocked
+        self.live_below = {pk: {} for pk in pools}      # block -> its live children
+        self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
         self.on_evict = on_evict                        # spill hook: called before a drop
         self.clock = 0
 
@@ -48,6 +56,15 @@ class Evictor:
                                               tag), self.clock)
         self.refresh(ref)
 
+    def entered(self, ref):
+        """Block ``ref`` was just published (unfinished, so live): its parent gains a live
+        child and may stop being a leaf."""
+        pk = (ref.kind, ref.group)
+        self._settle(pk, ref.block)
+        parent = self.index.parent(ref)
+        if parent is not None:
+            self.refresh(parent)
+
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
         pk, b = (ref.kind, ref.group), ref.block
@@ -62,6 +79,40 @@ class Evictor:
             self.policies[pk].ineligible(b)
             self.eligible[pk].discard(b)
         pool.touch(b)
+        self._settle(pk, b)
+
+    def _settle(self, pk, b):
+        """Re-derive whether block b is blocked and live; while its liveness flips, carry the
+        change to its parent (and on up)."""
+        live, below, blocked = self.live[pk], self.live_below[pk], self.blocked[pk]
+        while True:
+            cached = b in self.cached[pk]
+            has_live = below.get(b, 0) > 0
+            (blocked.add if cached and has_live else blocked.discard)(b)
+            now = self.index.published(pk[0], pk[1], b) and (not cached or has_live)
+            if now == (b in live):
+                return
+            parent = self.index.parent(_ref(pk, b))
+            (live.add if now else live.discard)(b)
+            if parent is None:
+                return
+            below[parent.block] = below.get(parent.block, 0) + (1 if now else -1)
+            b = parent.block
+
+    def _unlink(self, pk, b, parent):
+        """Block b left the index: its liveness leaves its parent's count."""
+        self.live_below[pk].pop(b, None)
+        self.blocked[pk].discard(b)
+        if b in self.live[pk]:
+            self.live[pk].discard(b)
+            if parent is not None and parent.block in self.live_below[pk]:
+                self.live_below[pk][parent.block] -= 1
+                self._settle(pk, parent.block)
+
+    def takeable(self, ref):
+        """Eviction can take this block (now, or once its cached descendants went)."""
+        pk = (ref.kind, ref.group)
+        return ref.block in self.cached[pk] and ref.block not in self.blocked[pk]
 
     def access(self, ref):
         """A request used the block (a hit)."""
@@ -98,6 +149,7 @@ class Evictor:
             if ref.block in self.eligible[pk]:
                 self.eligible[pk].discard(ref.block)
                 self.policies[pk].ineligible(ref.block)
+            self._settle(pk, ref.block)
         try:
             yield
         finally:
@@ -105,8 +157,9 @@ class Evictor:
                 self.refresh(ref)
 
     def available(self, pk):
-        """Blocks pool ``pk`` can supply: free now, or cached (evictable)."""
-        return self.pools[pk].n_free + len(self.cached[pk])
+        """Blocks pool ``pk`` can supply: free now, or cached and not blocked (eviction takes
+        every one of them, leaves first)."""
+        return self.pools[pk].n_free + len(self.cached[pk]) - len(self.blocked[pk])
 
     # -- taking blocks back -----------------------------------------------------------------
     def victim(self, pk):
@@ -130,8 +183,10 @@ class Evictor:
         if pool.recs[b].st == STALE:
             event = "drop_stale"
         pool.fire(b, event)
+        parent = self.index.parent(ref)
         leaves, dead = self.index.unpublish(ref)
         self.forget(ref, event != "reject")
+        self._unlink(pk, b, parent)
         for parent in leaves:
             self.refresh(parent)
         self.mark_dead(dead)
@@ -163,6 +218,27 @@ class Evictor:
             for b in self.admitted[pk]:
                 if not self.index.published(pk[0], pk[1], b):
                     bad.append(("admitted-unpublished", pk, b))
+            bad += self._check_live(pk)
+        return bad
+
+    def _check_live(self, pk):
+        """live / live_below / blocked agree with a recount from the index."""
+        bad, count = [], {}
+        ents = self.index.entries[pk]
+        for b, e in ents.items():
+            live = b not in self.cached[pk] or self.live_below[pk].get(b, 0) > 0
+            if live != (b in self.live[pk]):
+                bad.append(("live", pk, b))
+            if live and e.parent is not None:
+                count[e.parent.block] = count.get(e.parent.block, 0) + 1
+        for b in ents:
+            if self.live_below[pk].get(b, 0) != count.get(b, 0):
+                bad.append(("live_below", pk, b, self.live_below[pk].get(b, 0), count.get(b, 0)))
+            blocked = b in self.cached[pk] and count.get(b, 0) > 0
+            if blocked != (b in self.blocked[pk]):
+                bad.append(("blocked", pk, b))
+        if not self.live[pk] <= set(ents) or not self.blocked[pk] <= set(ents):
+            bad.append(("live-unpublished", pk))
         return bad
 
 

@@ -97,9 +97,10 @@ class PrefixIndex:
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
         return 0 if e is None else len(e.children)
 
-    def anchored(self, ref):
+    def parent(self, ref):
+        """The block (an ObjRef in the same pool) that published block ``ref`` hangs from."""
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
-        return bool(e is not None and e.anchored)
+        return None if e is None else e.parent
 
     def reachable(self, ref):
         """A published block some recorded checkpoint can still reach through it (a chain
@@ -185,10 +186,6 @@ class PrefixIndex:
                 if not ae.children and not ae.anchored:
                     dead.append(a)
         return dead
-
-    def drop_checkpoint(self, key):
-        """Forget the record (its objects stay published); returns what became dead."""
-        return self._kill(key)
 
     def check(self, pools):
         """Problems (empty list = sound): every filed key maps to its block and back, no free

@@ -25,10 +25,11 @@ import threading
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
-from hybridkv.cache.funnel import HitPlan, run_funnel
+from hybridkv.cache.funnel import HitPlan, Read, run_funnel
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
 from hybridkv.cache.pool import NO_LIMIT, GroupCtx, ObjRef, Pool
-from hybridkv.cache.request import Allocation, Request, check_count, check_tokens
+from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
+                                   check_tokens)
 from hybridkv.cache.snapshots import Snapshots
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.cache.writer import ObjectWriter
@@ -133,6 +134,12 @@ class CacheManager:
         except (KeyError, TypeError):
             raise UnknownRequest("unknown request", request_id) from None
 
+    def _pool(self, kind, group):
+        try:
+            return self.pools[(kind, group)]
+        except (KeyError, TypeError):
+            raise BadArgument("no such pool", (kind, group)) from None
+
     # -- 1. lookup ------------------------------------------------------------------------------
     @locked
     def lookup(self, request_id, token_ids, salt=b"", hint=""):
@@ -197,8 +204,7 @@ class CacheManager:
         restored = self.writer.restored_bytes
         if first:
             self._take_plan(req)
-        for pk, k in need.items():
-            self.evictor.make_room(pk, k)
+        self.admission.make_room(need)
         if first:
             self.writer.begin(req)
         self.writer.write(req, end, draft_end)
@@ -261,17 +267,26 @@ class CacheManager:
     def layer_pools(self, layer):
         """kind -> {tensor name: [slots, rows, dim]} for one model layer (views of its
         group's pool tensors: the memory the kernels read and write)."""
-        gname, j = self.layout.layer_slot[layer]
+        try:
+            gname, j = self.layout.layer_slot[layer]
+        except (KeyError, TypeError):
+            raise BadArgument("no such layer", layer) from None
         return {kind: {name: pool.layer(name, j) for name in pool.data}
                 for (kind, g), pool in self.pools.items() if g == gname}
 
     def kernel_abi(self, kind, group):
         """The AbiDesc a launch checks the layer views of pool (kind, group) against."""
-        return self.pools[(kind, group)].abi
+        return self._pool(kind, group).abi
 
     def read_ok(self, read):
         """spec can_read_pinned for one Read against the block's current record."""
-        rec = self.pools[(read.ref.kind, read.ref.group)].recs[read.ref.block]
+        if not isinstance(read, Read) or not isinstance(read.ref, ObjRef):
+            raise BadArgument("read_ok needs a Read (from a HitPlan or launch)", read)
+        pool = self._pool(read.ref.kind, read.ref.group)
+        if isinstance(read.ref.block, bool) or not isinstance(read.ref.block, int) or \
+                not 0 <= read.ref.block < pool.n:
+            raise BadArgument("no such block", tuple(read.ref))
+        rec = pool.recs[read.ref.block]
         return can_read_pinned(rec.pins, read.ver, rec.ver, read.ep, rec.ep)
 
     @locked
@@ -280,6 +295,8 @@ class CacheManager:
         iteration yields a PinCheck with the block's values *as they are then*, so a kernel
         launch that checks them (spec can_read_pinned) checks the state at its launch."""
         req = self._request(request_id)
+        if group is not None and group not in self.ctx:
+            raise BadArgument("no such group", group)
         return LivePins(self.pools, [r for r in req.reads if group is None or r.ref.group == group])
 
     @locked
@@ -357,8 +374,7 @@ class CacheManager:
         try:                                   # the accepted range gets its checkpoints too
             need = self.snapshots.count(points)
             self.admission.check(need)
-            for pk, k in need.items():
-                self.evictor.make_room(pk, k)
+            self.admission.make_room(need)
             self.snapshots.write(req, points, self.writer.publish)
         except AdmissionRefused:
             points = {}
@@ -393,6 +409,8 @@ class CacheManager:
         loading; queued indexer loads are dropped first).
         Objects of the old version stop covering any H; with ``sweep`` the ones nobody holds
         go back to the free list now (mark_stale + drop_stale), pinned ones when released."""
+        if not isinstance(sweep, bool):
+            raise BadArgument("sweep must be a bool", sweep)
         busy = len(self.requests) + sum(h.requests_in_flight() for h in self.holders)
         loads = sum(h.indexer_loads() for h in self.holders)
         if self.disk_link is not None:
@@ -433,10 +451,7 @@ class CacheManager:
     def set_kernel_version(self, kind, group, kernel_version):
         """The kernel for pool (kind, group) now expects another ABI; objects stored with the
         old one fail funnel layer 2 until rewritten."""
-        try:
-            pool = self.pools[(kind, group)]
-        except (KeyError, TypeError):
-            raise BadArgument("no such pool", (kind, group)) from None
+        pool = self._pool(kind, group)
         check_count("kernel_version", kernel_version)
         pool.abi = self.layout.abi(kind, group, kernel_version)
 
@@ -444,10 +459,7 @@ class CacheManager:
     def relocate(self, kind, group, block):
         """Move a cached, unpinned block to another slot (compaction): its address epoch
         grows, so a reader that checked the old address is refused (spec relocate)."""
-        try:
-            pool = self.pools[(kind, group)]
-        except (KeyError, TypeError):
-            raise BadArgument("no such pool", (kind, group)) from None
+        pool = self._pool(kind, group)
         check_count("block", block)
         if block >= pool.n:
             raise BadArgument("no such block", block)
@@ -509,6 +521,7 @@ class CacheManager:
     def wait_loads(self, timeout=10.0):
         """Wait (up to ``timeout`` s in all, never holding the cache lock while waiting) for
         loads in flight and queued; publish the verified ones; returns how many are left."""
+        check_timeout("timeout", timeout)
         return self._link().wait(timeout)
 
     def poll_loads(self):
@@ -523,6 +536,7 @@ class CacheManager:
     def spill_all(self, timeout=60.0):
         """Spill every READY published object to the disk tier (memory copies stay), e.g.
         before shutdown; returns how many were written."""
+        check_timeout("timeout", timeout)
         return self._link().spill_all(timeout)
 
     # -- sizing ------------------------------------------------------------------------------
@@ -530,6 +544,8 @@ class CacheManager:
     def pool_sizes(layout, max_tokens, max_requests, every_n=0):
         """Pool sizes that hold ``max_requests`` requests of ``max_tokens`` each with their
         checkpoints (the counts admission uses)."""
+        check_count("max_tokens", max_tokens)
+        check_count("max_requests", max_requests)
         probe = CacheManager(layout, num_blocks=1, every_n=every_n)
         probe.lookup("size", [0] * max(1, max_tokens))
         req = probe.requests["size"]

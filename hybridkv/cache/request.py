@@ -113,6 +113,11 @@ def check_count(name, v, minimum=0):
         raise BadArgument(f"{name} must be an int >= {minimum}", v)
 
 
+def check_timeout(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        raise BadArgument(f"{name} must be a number of seconds >= 0", v)
+
+
 def check_tokens(token_ids, vocab):
     """A list of ints in [0, vocab), checked in bulk (C-speed type and range scans)."""
     if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple)):

@@ -39,11 +39,6 @@ class Snapshots:
                 add(P, "every")
         return dict(sorted(pts.items()))
 
-    def max_points(self, start, end):
-        """An upper bound on ``len(points(...))`` computed in O(1) (admission's first pass)."""
-        every = end // self.every_n - start // self.every_n if self.every_n else 0
-        return every + 3
-
     def count(self, points):
         """Blocks per pool the exact objects of ``points`` take."""
         need = {}

@@ -220,8 +220,7 @@ class ObjectWriter:
             parent = self._chain_at(req, kind, gname, o.at - (o.at % bs if exact else bs))
         if self.index.publish(o.ref, key, exact, parent):
             self.pools[(kind, gname)].fire(o.ref.block, "publish")
-            if parent is not None:
-                self.evictor.refresh(parent)
+            self.evictor.entered(o.ref)
         elif not exact:
             # recomputed past the hit: the cached block holding this key was demanded again
             held = self.index.chain_block(kind, gname, key)
@@ -344,7 +343,7 @@ class ObjectWriter:
         for o in req.drafts + req.private + [o for dq in req.chain.values() for o in dq]:
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
-        for r in req.reads:
+        for r in reversed(req.reads):         # tips first: no liveness walks up a chain
             pool = self.pools[(r.ref.kind, r.ref.group)]
             pool.fire(r.ref.block, "unpin")
             if pool.recs[r.ref.block].st != 3 and self.index.published(*r.ref):

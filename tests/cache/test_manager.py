@@ -2,7 +2,7 @@
 case, eviction per kind, drafts, bad input, TOCTOU, metrics."""
 import pytest
 
-from hybridkv.cache import ObjRef
+from hybridkv.cache import CacheManager, ObjRef
 from hybridkv.errors import (AdmissionRefused, BadArgument, BadSalt, BadTokens,
                              CommitPastAllocation, InvariantViolation, Refused, RequestBusy,
                              StaleRead, UnknownRequest)
@@ -181,6 +181,16 @@ def test_drafts_never_published_and_reject_rolls_back():
     (lambda m: m.lookup("p", [1, 2]), RequestBusy, "p"),
     (lambda m: m.commit("p", 4, [1, 2, 3]), BadTokens, (3, 4)),
     (lambda m: m.relocate("comp", "nope", 0), BadArgument, ("comp", "nope")),
+    (lambda m: m.read_ok(None), BadArgument, None),
+    (lambda m: m.read_ok("a read"), BadArgument, "a read"),
+    (lambda m: m.launch_pins("p", "no-such-group"), BadArgument, "no-such-group"),
+    (lambda m: m.launch_pins("nobody"), UnknownRequest, "nobody"),
+    (lambda m: m.layer_pools(99), BadArgument, 99),
+    (lambda m: m.kernel_abi("comp", "nope"), BadArgument, ("comp", "nope")),
+    (lambda m: m.bump_indexer_version(sweep="yes"), BadArgument, "yes"),
+    (lambda m: m.tables(None), UnknownRequest, None),
+    (lambda m: m.free(["p"]), UnknownRequest, ["p"]),
+    (lambda m: CacheManager.pool_sizes(LAY, -1, 2), BadArgument, -1),
 ])
 def test_bad_input_named_error_and_nothing_changed(call, exc, value):
     m = mk()

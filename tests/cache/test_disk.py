@@ -13,9 +13,9 @@ import torch
 from hybridkv.cache import CacheManager
 from hybridkv.cache.diskplan import DiskRead
 from hybridkv.disk import CostModel, DiskMeta, DiskTier, FlopsModel, HookedBackend, LocalBackend
-from hybridkv.disk.backend import fail_on, gate
 from hybridkv.disk.redis_backend import RedisBackend
 from hybridkv.errors import BadArgument, Refused
+from hybridkv.testing.faults.hooks import fail_on, gate
 from spec.common import LOADING
 from tests.cache.helpers import LAY, P40 as P, run
 from tests.disk.redis_server import redis_server

@@ -5,7 +5,9 @@ Follows spec.transfers / spec.disk:
 
   spill   the block's bytes are copied (under the lock, a memory copy) and handed to the tier,
           whose workers write, fsync and rename them; the block itself is free at once (the
-          copy is the spill's source).  A failed spill just loses the copy.
+          copy is the spill's source).  A failed spill just loses the copy, and the object
+          is not offered again until the tier's epoch changes (bytes freed, a write
+          published, the capacity changed): a full disk costs one failed write per object.
   load    a FREE block of the copy's own kind goes FREE -> LOADING (memory load_start); the
           tier verifies header and checksum (spec can_load_ok) and copies the bytes into the
           load's staging buffer; finishing (under the lock) writes them into the block and
@@ -20,6 +22,7 @@ Follows spec.transfers / spec.disk:
 """
 import collections
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -29,6 +32,14 @@ from hybridkv.disk.entry import DiskAdmissionRefused
 from hybridkv.disk.format import DiskError, DiskMeta, abi_id
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from spec.common import LOADING, READY
+
+
+class SpillCounts(NamedTuple):
+    """What one ``spill_all`` did, in objects."""
+    written: int       # spilled by this call (or found already published by another process)
+    failed: int        # whose spill this call started and the tier refused or could not write
+    not_retried: int   # whose last spill failed with nothing changed since (tier epoch)
+    left: int          # not tried or still in flight at the deadline (budget, admission)
 
 
 class DiskLink:
@@ -41,6 +52,9 @@ class DiskLink:
         self.loads = {}                  # disk key -> Load (block LOADING, in transit)
         self.pending = collections.OrderedDict()   # disk key -> (DiskRead, keys): queued
         self.spills = {}                 # disk key -> SpillHandle in flight
+        self.spill_epoch = {}            # disk key -> tier epoch its spill in flight began at
+        self.failed, self.failed_epoch = set(), -1   # disk keys whose spill failed at that
+        #                                  tier epoch: not offered again while it is current
         self.known, self._listed, self.refresh_s = set(tier.keys()), time.monotonic(), 1.0
         self.counts = collections.Counter()
 
@@ -109,33 +123,52 @@ class DiskLink:
             self.mgr.index.published(*ref)
 
     def spill(self, ref):
-        """Hand a copy of one READY published block to the tier; True when accepted."""
+        """Hand a copy of one READY published block to the tier; returns what happened:
+        started | skipped (not worth keeping, or no admission) | stale (an indexer of an old
+        version) | deferred (the tier's budget is full) | failed | not_retried (it failed
+        before at the tier's current epoch) | present (on disk or in flight)."""
         mgr = self.mgr
         pool = mgr.pools[(ref.kind, ref.group)]
         rec = pool.recs[ref.block]
         if not self.worth_keeping(ref) or not mgr.admission.admits(1):
             self.counts["spill_skipped"] += 1
-            return False
+            return "skipped"
         content = tuple(getattr(rec, f) for f in rec.CONTENT)
         if content != self.content(ref.kind, ref.group, content[0]):
             self.counts["spill_skipped"] += 1          # e.g. an indexer of an old version
-            return False
+            return "stale"
         ikey, exact = mgr.index.key_of(*ref)
         key = self.key_for(ref.kind, ref.group, ikey, exact)
         if key in self.spills or key in self.known:
-            return False
+            return "present"
+        if self.gave_up(key):
+            self.counts["spill_not_retried"] += 1
+            return "not_retried"
         try:
-            h = self.tier.spill_async(key, pool.to_bytes(ref.block),
-                                      self.meta(ref.kind, ref.group, content))
+            h = self.tier.spill_async(key, pool.to_bytes(ref.block),      # a fresh copy,
+                                      self.meta(ref.kind, ref.group, content), donate=True)
         except DiskAdmissionRefused:
-            self.counts["spill_deferred"] += 1             # the tier's budget is full
-            return False
+            self.counts["spill_deferred"] += 1
+            return "deferred"
         except (DiskError, OSError):
             self.counts["spill_failed"] += 1
-            return False
+            self._note_failed(key, self.tier.epoch)
+            return "failed"
         self.spills[key] = h
+        self.spill_epoch[key] = self.tier.epoch       # after its own evictions, if any
         self.counts["spill_started"] += 1
-        return True
+        return "started"
+
+    def gave_up(self, key):
+        """True while the last spill of ``key`` failed and the tier has not changed since."""
+        return self.failed_epoch == self.tier.epoch and key in self.failed
+
+    def _note_failed(self, key, epoch):
+        if epoch != self.tier.epoch:
+            return                                     # something changed meanwhile: retry
+        if epoch != self.failed_epoch:
+            self.failed, self.failed_epoch = set(), epoch
+        self.failed.add(key)
 
     def on_evict(self, ref):
         if self.spill_on_evict:
@@ -145,34 +178,57 @@ class DiskLink:
         for key, h in list(self.spills.items()):
             if h.done():
                 del self.spills[key]
+                epoch = self.spill_epoch.pop(key)
                 ok = h.result(0).ok
                 self.counts["spilled" if ok else "spill_failed"] += 1
                 if ok:
                     self.known.add(key)
+                else:
+                    self._note_failed(key, epoch)
 
     def spill_all(self, timeout):
         """Spill every READY published block (memory copies stay), as fast as the tier's
-        budget takes them, waiting without the lock; returns how many were written."""
+        budget takes them, waiting without the lock.  Each object is tried at most once per
+        call, and not at all while its last spill failed at the tier's current epoch, so a
+        full disk returns after one failed write per object.  Returns SpillCounts."""
         deadline = time.monotonic() + timeout
-        before = self.counts["spilled"]
+        started, failed, not_retried, stale = {}, set(), set(), set()   # key -> SpillHandle
         while True:
             with self.mgr.lock:
                 self._reap_spills()
-                todo = [ObjRef(kind, g, b) for (kind, g), pool in self.mgr.pools.items()
-                        for b, rec in enumerate(pool.recs)
-                        if rec.st == READY and self.mgr.index.published(kind, g, b)
-                        and self._spill_key(ObjRef(kind, g, b)) not in self.known]
-                for ref in todo:
+                for ref in self._unspilled():
+                    key = self._spill_key(ref)
+                    if key in started or key in failed or key in stale:
+                        continue
+                    if self.gave_up(key):
+                        not_retried.add(key)
+                        continue
                     if self.tier.in_flight >= self.tier.cap:
                         break
-                    self.spill(ref)
+                    outcome = self.spill(ref)
+                    if outcome == "started":
+                        started[key] = self.spills[key]
+                    elif outcome in ("failed", "stale"):
+                        (failed if outcome == "failed" else stale).add(key)
                 busy = list(self.spills.values())
             if not busy or time.monotonic() >= deadline:
                 break
             busy[0].result(min(0.05, max(0.0, deadline - time.monotonic())))
         with self.mgr.lock:
             self._reap_spills()
-        return self.counts["spilled"] - before
+            results = [h.result(0) for h in started.values() if h.done()]
+            failed |= {r.key for r in results if not r.ok}
+            done = failed | not_retried | stale
+            left = sum(self._spill_key(ref) not in done for ref in self._unspilled())
+        return SpillCounts(sum(r.ok for r in results), len(failed), len(not_retried - failed),
+                           left)
+
+    def _unspilled(self):
+        """READY published blocks of the spilled kinds without a copy known on disk."""
+        return [ObjRef(kind, g, b) for (kind, g), pool in self.mgr.pools.items()
+                if kind in self.spill_kinds for b, rec in enumerate(pool.recs)
+                if rec.st == READY and self.mgr.index.published(kind, g, b)
+                and self._spill_key(ObjRef(kind, g, b)) not in self.known]
 
     def _spill_key(self, ref):
         key = self.mgr.index.key_of(*ref)

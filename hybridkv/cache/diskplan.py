@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 from hybridkv.cache.pool import ObjRef
 
-ON_DISK_STATES = ("on_disk", "verified", "loading")
 DISK_KIND = {"comp": "compressed_kv", "tail": "tail", "swa": "swa", "idx": "indexer"}
 
 

@@ -535,7 +535,9 @@ class CacheManager:
 
     def spill_all(self, timeout=60.0):
         """Spill every READY published object to the disk tier (memory copies stay), e.g.
-        before shutdown; returns how many were written."""
+        before shutdown; returns SpillCounts (written, failed, not_retried, left).  An object
+        whose spill failed is not tried again until the tier changes (DiskTier.epoch), so a
+        full disk or a full Redis returns after at most one failed write per object."""
         check_timeout("timeout", timeout)
         return self._link().spill_all(timeout)
 

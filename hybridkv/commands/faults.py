@@ -21,12 +21,12 @@ def add_arguments(parser):
 
 
 def run(args):
-    from hybridkv.disk import faults_manager
     from hybridkv.disk.bench import benchmark
-    from hybridkv.disk.faults_proc import run_all
+    from hybridkv.testing.faults import manager          # harness: imported only to run it
+    from hybridkv.testing.faults.proc import run_all
 
     rows = run_all(args.dir)
-    for fn in faults_manager.ROWS:          # the cache manager on top of the tier
+    for fn in manager.ROWS:                 # the cache manager on top of the tier
         with tempfile.TemporaryDirectory(dir=args.dir) as d:
             rows.append(fn(d))
     with tempfile.TemporaryDirectory(dir=args.dir) as d:

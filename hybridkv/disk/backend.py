@@ -17,8 +17,6 @@ Contract for every backend:
 Backends know nothing of headers or checksums; the tier verifies everything it reads.
 """
 import errno
-import threading
-import time
 from typing import Protocol, runtime_checkable
 
 
@@ -64,14 +62,11 @@ def read_head(backend, name, n):
         reader.close()
 
 
-class Fault(Exception):
-    """Marker base for injected faults that are not OSErrors (a simulated process crash)."""
-
-
 class HookedBackend:
-    """Wraps any backend and calls ``hook(op, name)`` before each operation; the hook may
-    raise (OSError to inject EIO/ENOSPC) or sleep (to hold a load in flight).  Used by the
-    fault matrix instead of patching globals."""
+    """A seam: wraps any backend and calls ``hook(op, name)`` before each operation; the
+    hook may raise (OSError to inject EIO/ENOSPC) or sleep (to hold a load in flight).  The
+    fault matrix and the tests pass hooks from hybridkv.testing.faults.hooks instead of
+    patching globals."""
 
     def __init__(self, inner, hook):
         self.inner, self.hook = inner, hook
@@ -118,37 +113,3 @@ class _HookedReader:
 
     def close(self):
         self.inner.close()
-
-
-def fail_on(op, err=errno.EIO, times=1 << 30, after=0):
-    """A hook raising OSError(err) on the ``after``-th and following calls of ``op``."""
-    seen = [0]
-    lock = threading.Lock()
-
-    def hook(o, name):
-        if o != op:
-            return
-        with lock:
-            seen[0] += 1
-            n = seen[0]
-        if after < n <= after + times:
-            raise OSError(err, f"injected {errno.errorcode[err]} on {op}", name)
-    return hook
-
-
-def gate(op, event, timeout=10.0):
-    """A hook that blocks ``op`` (one name or a collection of them) until ``event`` is set
-    (holds a load in flight, or hangs the whole backend)."""
-    ops = {op} if isinstance(op, str) else set(op)
-
-    def hook(o, name):
-        if o in ops and not event.wait(timeout):
-            raise OSError(errno.ETIMEDOUT, "gate never opened", name)
-    return hook
-
-
-def slow(op, seconds):
-    def hook(o, name):
-        if o == op:
-            time.sleep(seconds)
-    return hook

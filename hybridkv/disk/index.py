@@ -26,6 +26,7 @@ class TierIndex:
         self.used = 0                         # bytes of every indexed entry, writing included
         self.in_flight = 0                    # entries in writing or loading
         self.removing = set()                 # keys whose blob the tier is deleting
+        self.epoch = 0                        # bumped when a failed write might now succeed
 
     def go(self, e, event, record=None, kabi=0):
         """Fire one spec transition on ``e``; IllegalTransition when it is not enabled."""
@@ -65,6 +66,7 @@ class TierIndex:
         self.go(e, "spill_done", rec(1, 1, hdr.abi, hdr.payload_off, e.st))
         self.used += nbytes - e.nbytes
         e.nbytes, e.hdr = nbytes, hdr
+        self.epoch += 1                       # the backend takes writes again
 
     def adopt(self, e):
         """Index an on_disk entry found on the backend; False when the key is known or
@@ -83,6 +85,7 @@ class TierIndex:
         caller must delete its blob and then call ``released``."""
         self.go(e, "drop")
         self._forget(e)
+        self.epoch += 1                       # bytes freed
         if delete:
             self.removing.add(e.key)
 

@@ -222,7 +222,3 @@ class LocalBackend:
             except FileNotFoundError:
                 pass
         return n
-
-    def path_of(self, name):
-        """Absolute path of a blob (tests and the fault matrix damage files through it)."""
-        return self._path(name)

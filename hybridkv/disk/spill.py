@@ -42,13 +42,16 @@ class SpillHandle:
         self._done.set()
 
 
-def private_bytes(tensor):
-    """The tensor's bytes in a fresh CPU uint8 tensor: the caller may reuse ``tensor`` at
-    once.  (A device tensor's .cpu() already is a private, synchronous copy.)"""
+def private_bytes(tensor, donated=False):
+    """The tensor's bytes in a CPU uint8 tensor the caller will not touch again, copied at
+    most once: a donated CPU tensor (the caller's own fresh copy, handed over) is kept as
+    it is; a device tensor's .cpu() and a non-contiguous tensor's .contiguous() already
+    are private, synchronous copies."""
+    private = donated or not tensor.is_contiguous()
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type != "cpu":
         return flat.cpu()
-    return torch.empty_like(flat).copy_(flat)
+    return flat if private else torch.empty_like(flat).copy_(flat)
 
 
 class Writer:
@@ -58,7 +61,7 @@ class Writer:
         self.backend, self.index, self.pool = backend, index, pool
         self.stats, self.deleter = stats, deleter
 
-    def start(self, key, tensor, meta):
+    def start(self, key, tensor, meta, donate=False):
         """See DiskTier.spill_async."""
         file_name(key)
         check_meta(meta)
@@ -80,7 +83,7 @@ class Writer:
         self.stats["evicted"] += len(evicted)
         h = SpillHandle(key)
         try:
-            staging = private_bytes(tensor)
+            staging = private_bytes(tensor, donate)
         except BaseException:      # no memory for the copy: undo the reservation, re-raise
             self.deleter.remove(evicted)
             self._finish(e, h, SpillResult(key, False, "no memory", size))

@@ -12,9 +12,10 @@ Contract:
 - Blobs other processes publish are adopted only by ``refresh()`` (blocking; the cache
   manager calls it off its own lock); ``load_async`` of a key not in the index is a MISS
   "absent".
-- ``spill_async`` copies the tensor's bytes before it returns, then publishes atomically
-  (temp, fsync, rename, fsync dir); I/O errors come back as SpillResult(ok=False), never as
-  exceptions.  ``spill`` waits for that.
+- ``spill_async`` copies the tensor's bytes before it returns (or keeps a donated copy),
+  then publishes atomically (temp, fsync, rename, fsync dir); I/O errors come back as
+  SpillResult(ok=False), never as exceptions.  ``spill`` waits for that.  ``epoch`` grows
+  whenever a failed spill might now succeed, so a caller retries a failure once per change.
 - A load's result is VERIFIED only after the header and payload checksum verified and the
   bytes were copied into the caller's tensor in place; anything else is a MISS, CANCELLED
   or BUSY -- never an exception, never unverified bytes in the destination.  A transient
@@ -79,7 +80,17 @@ class DiskTier:
     def capacity(self, nbytes):
         if type(nbytes) is not int or nbytes <= 0:
             raise BadInput("capacity_bytes must be a positive int", nbytes)
-        self._index.capacity = nbytes
+        with self._index.lock:
+            self._index.capacity = nbytes
+            self._index.epoch += 1
+
+    @property
+    def epoch(self):
+        """A count that grows whenever a spill that failed might now succeed: an entry was
+        dropped (bytes freed), a spill was published (the backend takes writes) or the
+        capacity changed.  A caller that saw a spill fail at epoch E need not retry it while
+        the epoch is still E (a full disk or a full Redis fails every retry alike)."""
+        return self._index.epoch
 
     @property
     def cap(self):
@@ -155,13 +166,15 @@ class DiskTier:
         return n
 
     # ---- spills ------------------------------------------------------------------------
-    def spill_async(self, key, tensor, meta):
+    def spill_async(self, key, tensor, meta, donate=False):
         """Start writing ``tensor`` (any dtype in format.DTYPES, any shape) as object
         ``key``; returns a SpillHandle.  The bytes are copied before this returns, so the
-        caller may reuse the tensor at once.  A key already indexed, being written or being
-        deleted finishes at once ("exists" / "busy"), as does one that cannot fit ("no
-        room").  Raises BadInput or DiskAdmissionRefused, changing nothing."""
-        return self._writer.start(key, tensor, meta)
+        caller may reuse the tensor at once -- unless ``donate``: the caller hands over a
+        fresh copy it never touches again, which is written as it is (no second copy).  A
+        key already indexed, being written or being deleted finishes at once ("exists" /
+        "busy"), as does one that cannot fit ("no room").  Raises BadInput or
+        DiskAdmissionRefused, changing nothing."""
+        return self._writer.start(key, tensor, meta, donate)
 
     def spill(self, key, tensor, meta):
         """spill_async, then wait for its SpillResult."""

@@ -2,6 +2,7 @@
 that report disk copies without reusing them, verified loads into pool blocks, faults as misses,
 in-flight loads, salt isolation across tiers, restart, version bumps with loads in flight,
 forged plans, and no blocking I/O under the manager lock."""
+import collections
 import os
 import threading
 import time
@@ -11,11 +12,14 @@ import torch
 
 from hybridkv.cache import CacheManager
 from hybridkv.cache.diskplan import DiskRead
-from hybridkv.disk import CostModel, DiskTier, FlopsModel, HookedBackend, LocalBackend
-from hybridkv.disk.backend import fail_on, gate
+from hybridkv.disk import CostModel, DiskMeta, DiskTier, FlopsModel, HookedBackend, LocalBackend
+from hybridkv.disk.redis_backend import RedisBackend
 from hybridkv.errors import BadArgument, Refused
+from hybridkv.testing.faults.hooks import fail_on, gate
 from spec.common import LOADING
 from tests.cache.helpers import LAY, P40 as P, run
+from tests.disk.redis_server import redis_server
+from tests.disk.test_spill_epoch import FullDisk
 
 EXT = P + [1, 2, 3]                       # a longer prompt: may resume at 40
 
@@ -154,7 +158,7 @@ def test_spill_io_error_only_loses_the_copy(tmp_path):
 def test_restart_hits_spilled_prefix_with_same_salt_only(tmp_path):
     m = mk(tmp_path, n=48)
     run(m, "a", P, salt=b"t1")
-    assert m.spill_all(10.0) > 0
+    assert m.spill_all(10.0).written > 0
     m.disk.close()
     m2 = mk(tmp_path, n=48)                               # a new process: nothing in memory
     assert peek(m2, "x", EXT, b"t2").disk_tokens == 0       # another tenant sees nothing
@@ -229,3 +233,83 @@ def test_wait_loads_bad_timeout_is_named(tmp_path, timeout):
 
 def test_disk_read_records_are_typed():
     assert DiskRead._fields[:5] == ("H", "group", "kind", "at", "exact")
+
+
+class CountingLocal(LocalBackend):
+    """A real local backend that counts write attempts per blob name."""
+
+    def __init__(self, root, ops=None):
+        super().__init__(root, ops)
+        self.puts = collections.Counter()
+
+    def put(self, name, parts):
+        self.puts[name] += 1
+        return super().put(name, parts)
+
+
+class CountingRedis(RedisBackend):
+    """A real Redis backend that counts write attempts per blob name."""
+
+    def __init__(self, port):
+        super().__init__(port=port)
+        self.puts = collections.Counter()
+
+    def put(self, name, parts):
+        self.puts[name] += 1
+        return super().put(name, parts)
+
+
+def _spill_all_on_failing_writes(m, backend, unfail):
+    """spill_all with every write failing: prompt, one attempt per object; a second call
+    attempts nothing; after a change in the tier (a published write) one more each."""
+    run(m, "a", P)
+    t0 = time.perf_counter()
+    got = m.spill_all(5.0)
+    took = time.perf_counter() - t0
+    n = len(backend.puts)
+    assert took < 1.0, took                               # was: the whole 5 s timeout
+    assert n > 0 and got == (0, n, 0, 0), got
+    assert max(backend.puts.values()) == 1                # was: hundreds per object
+    again = m.spill_all(5.0)
+    assert again == (0, 0, n, 0) and sum(backend.puts.values()) == n
+    unfail()
+    assert m.disk.spill("ff" * 16, torch.zeros(8), DiskMeta("swa", 1, 0, 1)).ok  # a change
+    done = m.spill_all(5.0)
+    assert done == (n, 0, 0, 0) and max(backend.puts.values()) == 2
+    m.check_invariants()
+    return took
+
+
+def test_spill_all_on_a_full_local_disk_gives_up_per_object(tmp_path):
+    ops = FullDisk()
+    backend = CountingLocal(tmp_path, ops)
+    _spill_all_on_failing_writes(mk(tmp_path, n=48, backend=backend), backend,
+                                 lambda: setattr(ops, "full", False))
+
+
+def test_spill_all_on_a_full_redis_gives_up_per_object():
+    with redis_server() as srv:
+        backend = CountingRedis(srv.port)
+        admin = srv.backend().client
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + (16 << 10))
+        m = CacheManager(LAY, num_blocks=48, checked=True,
+                         disk=DiskTier(capacity_bytes=1 << 26, backend=backend))
+        _spill_all_on_failing_writes(m, backend, lambda: admin.config_set("maxmemory", 0))
+        m.disk.close()
+
+
+def test_eviction_spills_do_not_retry_a_failing_object(tmp_path):
+    """Two prompts evict each other over and over on a full disk: each object's spill is
+    tried once, however often it is evicted again."""
+    backend = CountingLocal(tmp_path, FullDisk())
+    m = mk(tmp_path, backend=backend)
+    prompts = [[(11 * i + 13 * j + 1) % 250 for i in range(40)] for j in range(4)]
+    for _ in range(4):
+        for toks in prompts:
+            run(m, "r", toks)
+            m.poll_loads()                                # failures reaped
+    assert sum(m.metrics.evictions.values()) > 2 * len(backend.puts) > 0   # again and again
+    assert max(backend.puts.values()) == 1
+    assert m.disk_link.counts["spill_not_retried"] > 0
+    m.check_invariants()

@@ -8,7 +8,7 @@ import torch
 
 from hybridkv.disk import (BadInput, DiskMeta, DiskTier, HookedBackend, LoadStatus,
                            LocalBackend)
-from hybridkv.disk.backend import gate
+from hybridkv.testing.faults.hooks import gate
 
 M = DiskMeta("swa", abi=4, tok_lo=0, tok_hi=64)
 

@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from hybridkv.disk import BadInput, faultkit, faults, faults_proc, faults_tier
+from hybridkv.disk import BadInput
+from hybridkv.testing.faults import files, kit, proc, tier
 from hybridkv.disk.loader import LoadResult, LoadStatus
 from tests.disk.redis_server import require_redis_server
 
-SCENARIOS = faults.LOCAL + faults_tier.TIER + [faults_proc.crash_before_rename,
-                                               faults_proc.two_process_race,
-                                               faults_proc.version_skew]
+SCENARIOS = files.LOCAL + tier.TIER + [proc.crash_before_rename, proc.two_process_race,
+                                       proc.version_skew]
 COUNTS = ("wrong_outputs", "crashes", "unnamed_exceptions", "hangs", "intact_lost")
 
 
@@ -32,25 +32,25 @@ def test_fault_row(tmp_path, scenario):
 
 
 def test_hung_backend_row_measures_latency_under_the_goal(tmp_path):
-    row = faults_tier.hung_backend(str(tmp_path), rounds=5)
+    row = tier.hung_backend(str(tmp_path), rounds=5)
     assert clean(row) and 0 < row.max_latency_ms < 50, row
 
 
 def test_redis_connection_lost_mid_load(tmp_path):
     require_redis_server()
-    row = faults_proc.redis_conn_lost(str(tmp_path))
+    row = proc.redis_conn_lost(str(tmp_path))
     assert clean(row), row
     assert "server killed: io:" in row.outcome
 
 
 def test_full_redis_row(tmp_path):
     require_redis_server()
-    row = faults_tier.redis_full(str(tmp_path))
+    row = tier.redis_full(str(tmp_path))
     assert clean(row) and row.trials >= 9, row
 
 
 def test_counter_counts_hangs_and_unnamed_exceptions_without_waiting():
-    c, ev = faultkit.Counter(deadline=0.2), threading.Event()
+    c, ev = kit.Counter(deadline=0.2), threading.Event()
     t0 = time.monotonic()
     assert c.call(ev.wait, 30) is None and time.monotonic() - t0 < 5
     c.call(lambda: {}["missing"])                      # KeyError: unnamed
@@ -76,7 +76,7 @@ class _LyingTier:
 
 
 def test_counter_detects_wrong_outputs_and_crashes():
-    c, orig = faults.Counter(), torch.ones(4)
+    c, orig = kit.Counter(), torch.ones(4)
     c.load(_LyingTier(2.0), "k", orig)
     c.load(_LyingTier(1.0, LoadStatus.MISS), "k", orig)    # a miss that scribbled on dest
     c.load(_LyingTier(1.0), "k", orig)                    # correct

@@ -1,7 +1,7 @@
 """The manager-level rows of the fault matrix (issue 15): every count ends at 0."""
 import pytest
 
-from hybridkv.disk import faults_manager as F
+from hybridkv.testing.faults import manager as F
 
 
 @pytest.mark.parametrize("row", F.ROWS, ids=[f.__name__ for f in F.ROWS])

@@ -9,7 +9,7 @@ import torch
 
 from hybridkv.disk import DiskAdmissionRefused, DiskMeta, DiskTier, HookedBackend, \
     LoadStatus, LocalBackend
-from hybridkv.disk.backend import gate
+from hybridkv.testing.faults.hooks import gate
 
 M = DiskMeta("indexer", abi=8, tok_lo=0, tok_hi=64)
 FAST = 0.05

@@ -9,9 +9,9 @@ import torch
 from hybridkv.disk import (BadInput, BadKey, Choice, CostModel, DiskAdmissionRefused,
                            DiskMeta, DiskTier, FlopsModel, HookedBackend, LoadStatus,
                            LocalBackend)
-from hybridkv.disk.backend import gate
 from hybridkv.disk.loader import load_verdict
 from hybridkv.disk.tier import STATE_NAMES, IllegalTransition
+from hybridkv.testing.faults.hooks import gate
 from spec.disk import DiskPrefixMachine
 
 M = DiskMeta("compressed_kv", abi=3, tok_lo=0, tok_hi=64)

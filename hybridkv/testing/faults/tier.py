@@ -1,6 +1,6 @@
 """Fault-matrix rows about the tier as a whole: transient read errors, FIFOs / symlinks /
 devices named like blobs, a hung backend, a full Redis.  Every call goes through
-faultkit.Counter, so a hang is counted against a deadline and never hangs the command."""
+kit.Counter, so a hang is counted against a deadline and never hangs the command."""
 import errno
 import os
 import stat
@@ -8,14 +8,15 @@ import threading
 
 import torch
 
-from hybridkv.disk.backend import HookedBackend, gate
+from hybridkv.disk.backend import HookedBackend
 from hybridkv.disk.entry import DiskAdmissionRefused
-from hybridkv.disk.faultkit import META, Counter, FaultRow, key_for, payload
 from hybridkv.disk.format import file_name
 from hybridkv.disk.loader import LoadStatus
 from hybridkv.disk.local import LocalBackend
 from hybridkv.disk.redis_backend import RedisServer
 from hybridkv.disk.tier import DiskTier
+from hybridkv.testing.faults.hooks import gate
+from hybridkv.testing.faults.kit import META, Counter, FaultRow, key_for, payload
 
 GOAL_S = 0.05     # queries under a hung backend
 

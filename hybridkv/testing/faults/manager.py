@@ -9,18 +9,19 @@ CacheManager + DiskTier when loads are slow, plans are forged, or Redis hangs.
                      named error with nothing queued
   hung_redis         redis-server stopped (SIGSTOP) with spills and loads in flight: every
                      manager call must still return promptly (goal < 50 ms; loads fall back)
-Columns as in hybridkv.disk.faultkit; every count must end at 0."""
+Columns as in hybridkv.testing.faults.kit; every count must end at 0."""
 import os
 import signal
 import time
 
-from hybridkv.disk.backend import HookedBackend, slow
-from hybridkv.disk.faultkit import Counter, FaultRow
+from hybridkv.disk.backend import HookedBackend
 from hybridkv.disk.format import DiskError
 from hybridkv.disk.local import LocalBackend
 from hybridkv.disk.redis_backend import RedisServer
 from hybridkv.disk.tier import DiskTier
 from hybridkv.errors import CacheError, Refused
+from hybridkv.testing.faults.hooks import slow
+from hybridkv.testing.faults.kit import Counter, FaultRow
 
 GOAL_S = 0.05
 P = [(7 * i + 3) % 250 for i in range(40)]

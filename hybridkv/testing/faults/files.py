@@ -1,6 +1,6 @@
 """The disk tier's fault matrix, file faults: each scenario injects one fault through a
 FileOps subclass or a HookedBackend (never by patching globals) and counts, from the
-caller's side, what hybridkv.disk.faultkit lists.  Every count must end at 0."""
+caller's side, what hybridkv.testing.faults.kit lists.  Every count must end at 0."""
 import errno
 import os
 import tempfile
@@ -8,15 +8,15 @@ import threading
 
 import torch
 
-from hybridkv.disk.backend import HookedBackend, gate
-from hybridkv.disk.faultkit import META, SENTINEL, Counter, FaultRow, key_for, payload
+from hybridkv.disk.backend import HookedBackend
 from hybridkv.disk.format import file_name
 from hybridkv.disk.loader import LoadStatus
 from hybridkv.disk.local import FileOps, LocalBackend
 from hybridkv.disk.tier import DiskTier
+from hybridkv.testing.faults.hooks import gate
+from hybridkv.testing.faults.kit import META, SENTINEL, Counter, key_for, payload
 
-__all__ = ["LOCAL", "META", "SENTINEL", "Counter", "FaultRow", "key_for", "payload",
-           "run_local"]
+__all__ = ["LOCAL", "FaultyOps", "run_local"]
 
 
 class FaultyOps(FileOps):

@@ -10,14 +10,15 @@ import time
 
 import torch
 
-from hybridkv.disk.backend import HookedBackend
 from hybridkv.disk import format as fmt
-from hybridkv.disk.faults import LOCAL, META, Counter, FaultRow, key_for, payload
-from hybridkv.disk.faults_tier import TIER, redis_full
+from hybridkv.disk.backend import HookedBackend
 from hybridkv.disk.loader import LoadStatus
 from hybridkv.disk.local import FileOps, LocalBackend
 from hybridkv.disk.redis_backend import RedisServer
 from hybridkv.disk.tier import DiskTier
+from hybridkv.testing.faults.files import LOCAL
+from hybridkv.testing.faults.kit import META, Counter, FaultRow, key_for, payload
+from hybridkv.testing.faults.tier import TIER, redis_full
 
 CRASH_CODE = 70
 

@@ -83,12 +83,7 @@ class Checker:
         it), 'provisional' (a live request's unsealed-retention end snapshot), 'load'."""
         out = {}
         for req in self.mgr.requests.values():
-            own = list(req.drafts) + list(req.private)
-            for work in req.work.values():
-                own += [o for o in (work.tail, work.itail, work.draft_tail, work.draft_itail)
-                        if o is not None] + list(work.pages)
-            for dq in req.chain.values():
-                own += list(dq)
+            own = list(req.working_objects())
             for P in req.pending_points:
                 own += req.snapshots.get(P, [])
             for o in own:

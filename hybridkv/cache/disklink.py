@@ -341,23 +341,19 @@ class DiskLink:
         self.counts["load_verified"] += 1
 
     def _publish(self, ld):
+        """A verified copy joins the index as a computed block would (PrefixIndex.parent_for,
+        anchors_at: the writer's rules); the last exact object of a checkpoint loaded
+        records it."""
         mgr, r = self.mgr, ld.read
-        gran, bs = mgr.layout.granule, mgr.layout.group(r.group).block_size
-
-        def chain_at(kind, group, e):
-            b = mgr.index.chain_block(kind, group, ld.keys[e // gran - 1]) if e > 0 else None
-            return None if b is None else ObjRef(kind, group, b)
-        parent = None
-        if r.kind in ("comp", "idx"):
-            parent = chain_at(r.kind, r.group, r.at - (r.at % bs if r.exact else bs))
+        parent = mgr.index.parent_for(r.kind, r.group, ld.keys, r.at, r.exact)
         if mgr.index.publish(ld.ref, r.ikey, r.exact, parent):
             mgr.evictor.entered(ld.ref)
         mgr.evictor.admit(ld.ref, r.at, r.exact)
         if r.exact and all(mgr.index.exact_block(s.kind, s.group, r.ikey) is not None
                            for s in mgr.layout.exact_at(r.H)):
-            anchors = [chain_at(k, g, r.H - r.H % mgr.layout.group(g).block_size)
-                       for k, g in mgr.layout.chain_pools()]
-            mgr.index.add_checkpoint(r.H, r.ikey, [a for a in anchors if a is not None])
+            anchors = mgr.index.anchors_at(ld.keys, r.H)
+            if anchors is not None:
+                mgr.index.add_checkpoint(r.H, r.ikey, anchors)
 
     def cancel(self):
         """Drop queued loads and cancel those in flight; returns how many still finish."""

@@ -97,6 +97,36 @@ class PrefixIndex:
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
         return 0 if e is None else len(e.children)
 
+    def chain_at(self, kind, group, keys, end):
+        """The published chain block of (kind, group) ending at ``end`` on the chain whose
+        keys are ``keys`` (None when end <= 0 or none is published)."""
+        if end <= 0:
+            return None
+        b = self.chain[(kind, group)].get(keys[end // self.layout.granule - 1])
+        return None if b is None else ObjRef(kind, group, b)
+
+    def parent_for(self, kind, group, keys, at, exact):
+        """What an object of (kind, group) at ``at`` hangs from: a chain block the one ending
+        a block earlier, an exact comp / idx object the chain block its open block extends;
+        other kinds hang from nothing."""
+        if kind not in ("comp", "idx"):
+            return None
+        bs = self.layout.group(group).block_size
+        return self.chain_at(kind, group, keys, at - (at % bs if exact else bs))
+
+    def anchors_at(self, keys, H):
+        """Per chain pool, the published chain block ending at H - H % block_size (what a
+        checkpoint at H hangs from); None where a chain block below H is not published."""
+        anchors = []
+        for kind, gname in self.layout.chain_pools():
+            bs = self.layout.group(gname).block_size
+            a = self.chain_at(kind, gname, keys, H - H % bs)
+            if a is not None:
+                anchors.append(a)
+            elif H >= bs:
+                return None
+        return anchors
+
     def parent(self, ref):
         """The block (an ObjRef in the same pool) that published block ``ref`` hangs from."""
         e = self.entries[(ref.kind, ref.group)].get(ref.block)

@@ -126,9 +126,16 @@ class Pool:
         return t[:, 0, lo:hi].numel() * t.element_size()
 
     def to_bytes(self, b):
-        """A new uint8 tensor holding block b's rows (every tensor, every layer): a spill."""
-        s = self.phys[b]
-        return torch.cat([t[:, s].reshape(-1).view(torch.uint8).cpu() for t in self.data.values()])
+        """A new uint8 tensor holding block b's rows (every tensor, every layer): a spill.
+        One copy: each tensor's rows land straight in their slice of the output."""
+        s, off = self.phys[b], 0
+        out = torch.empty(self.staged_nbytes, dtype=torch.uint8)
+        for t in self.data.values():
+            view = t[:, s]
+            n = view.numel() * view.element_size()
+            out[off:off + n].view(t.dtype).view(view.shape).copy_(view)
+            off += n
+        return out
 
     def from_bytes(self, b, raw):
         """Write ``to_bytes``' layout back into block b (a verified load)."""

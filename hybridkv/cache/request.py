@@ -107,6 +107,20 @@ class Request:
     def known_tokens(self):
         return len(self.token_ids)
 
+    def working_objects(self):
+        """Every object the request writes and releases when freed (never shared): its
+        tails and window pages (draft targets included), draft blocks, private copies and
+        unsealed chain blocks.  The one list free() releases and checked mode counts."""
+        for work in self.work.values():
+            for o in (work.draft_tail, work.draft_itail, work.tail, work.itail):
+                if o is not None:
+                    yield o
+            yield from work.pages
+        yield from self.drafts
+        yield from self.private
+        for dq in self.chain.values():
+            yield from dq
+
 
 def check_count(name, v, minimum=0):
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:

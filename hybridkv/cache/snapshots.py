@@ -103,8 +103,12 @@ class Snapshots:
         provisional ends it supersedes."""
         if req.snapshot_tags[P] & RETAINED:
             self.retain(req, P)
-        for Q in [Q for Q in req.sealed_points if Q < P and req.snapshot_tags[Q] == {"end"}]:
-            self.release(req, Q)
+        # Every settle releases the provisional end before it, so at most one exists: the
+        # point sealed just before P (O(1) per capture, however long the request runs).
+        if len(req.sealed_points) >= 2:
+            Q = req.sealed_points[-2]
+            if Q < P and req.snapshot_tags[Q] == {"end"}:
+                self.release(req, Q)
 
     @staticmethod
     def _tags(req, P):
@@ -128,7 +132,12 @@ class Snapshots:
             else:
                 self.evictor.drop(o.ref)
         req.snapshot_tags.pop(P, None)
-        req.sealed_points.remove(P)
+        if req.sealed_points and req.sealed_points[-1] == P:
+            req.sealed_points.pop()
+        elif len(req.sealed_points) >= 2 and req.sealed_points[-2] == P:
+            del req.sealed_points[-2]
+        else:
+            req.sealed_points.remove(P)
 
     def reject(self, req, P):
         """P was passed or abandoned before capture: its objects never become readable."""

@@ -40,8 +40,6 @@ class ObjectWriter:
         self._shape = [(g, tuple(k for k in CHAIN_KINDS if k in g.kinds),
                         g.window if "swa" in g.kinds else 0,
                         tuple(k for k in ("tail", "idx") if k in g.kinds)) for g in layout.groups]
-        self.chain_block_sizes = [(kind, gname, layout.group(gname).block_size)
-                                  for kind, gname in layout.chain_pools()]
 
     # -- sizing: the one sizing function -------------------------------------------------------
     def blocks_needed(self, req, end, draft_end, points=()):
@@ -204,20 +202,10 @@ class ObjectWriter:
             if o.live(self.pools) and rec.st == WRITING:
                 self._publish(req, o, exact)
 
-    def _chain_at(self, req, kind, group, e):
-        """The published chain block of (kind, group) ending at e on this request's chain."""
-        if e <= 0:
-            return None
-        b = self.index.chain_block(kind, group, req.chain_keys[e // self.gran - 1])
-        return None if b is None else ObjRef(kind, group, b)
-
     def _publish(self, req, o, exact):
         kind, gname = o.ref.kind, o.ref.group
-        bs = self.layout.group(gname).block_size
         key = req.chain_keys[o.at // self.gran - 1]
-        parent = None
-        if kind in CHAIN_KINDS:
-            parent = self._chain_at(req, kind, gname, o.at - (o.at % bs if exact else bs))
+        parent = self.index.parent_for(kind, gname, req.chain_keys, o.at, exact)
         if self.index.publish(o.ref, key, exact, parent):
             self.pools[(kind, gname)].fire(o.ref.block, "publish")
             self.evictor.entered(o.ref)
@@ -236,14 +224,9 @@ class ObjectWriter:
 
     def _record(self, req, H, key):
         """A checkpoint record at H once every chain block it hangs from is published."""
-        anchors = []
-        for kind, gname, bs in self.chain_block_sizes:
-            a = self._chain_at(req, kind, gname, H - H % bs)
-            if a is not None:
-                anchors.append(a)
-            elif H >= bs:
-                return                          # a chain block below H is not published yet
-        self.index.add_checkpoint(H, key, anchors)
+        anchors = self.index.anchors_at(req.chain_keys, H)
+        if anchors is not None:
+            self.index.add_checkpoint(H, key, anchors)
 
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, req):
@@ -336,11 +319,7 @@ class ObjectWriter:
     def release(self, req):
         """Free: every working object is rejected, every pin given back (what is published
         becomes a cache entry), the snapshots settled (snapshots.finish)."""
-        for g, work in req.work.items():
-            for o in (work.draft_tail, work.draft_itail, work.tail, work.itail, *work.pages):
-                if o is not None:
-                    self.evictor.drop(o.ref, "reject")
-        for o in req.drafts + req.private + [o for dq in req.chain.values() for o in dq]:
+        for o in list(req.working_objects()):
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
         for r in reversed(req.reads):         # tips first: no liveness walks up a chain

@@ -2,8 +2,6 @@
 import json
 import sys
 
-from hybridkv.testing.bugs import BUGS
-
 NAME = "fuzz"
 HELP = ("random multi-tenant multi-turn conversations, floods, disk spills and faults, version "
         "bumps, drafts and relocations through hk.Engine; every output checked against a cold "
@@ -13,8 +11,9 @@ HELP = ("random multi-tenant multi-turn conversations, floods, disk spills and f
 def add_arguments(parser):
     parser.add_argument("--examples", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20, help="rules per example")
-    parser.add_argument("--bug", default=None, choices=[b for b in BUGS if b],
-                        help="seed an engine bug (the run should then fail)")
+    parser.add_argument("--bug", default=None,
+                        help="seed an engine bug (the run should then fail): one of "
+                             "hybridkv.testing.bugs.BUGS")
     parser.add_argument("--no-shrink", action="store_true",
                         help="stop at the first failure (no shrunk trace; faster)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -25,7 +24,11 @@ def run(args):
     from tqdm import tqdm
 
     from hybridkv.testing import fuzz
+    from hybridkv.testing.bugs import BUGS
 
+    if args.bug is not None and args.bug not in BUGS:
+        raise SystemExit(f"hybridkv fuzz: --bug must be one of {[b for b in BUGS if b]}, "
+                         f"not {args.bug!r}")
     torch.set_num_threads(1)
     bar = tqdm(total=args.examples, file=sys.stderr, desc="fuzz", unit="ex")
     r = fuzz.run(args.examples, bug=args.bug, steps=args.steps, tick=lambda: bar.update(1),

@@ -1,7 +1,7 @@
 """A local disk tier in a temp dir with the fault hooks the engine fuzzer drives: the next n
 reads fail with EIO (hybridkv.disk.backend.HookedBackend, as in the tier's fault matrix), and
 published files are damaged in place (truncated, or a bit flipped in the header or payload),
-like hybridkv.disk.faults does."""
+like hybridkv.testing.faults does."""
 import errno
 import os
 import shutil

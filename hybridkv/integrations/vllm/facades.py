@@ -47,6 +47,7 @@ class BlockPoolFacade:
     def __init__(self, manager):
         self.manager = manager
         self.num_gpu_blocks = manager.kv_cache_config.num_blocks
+        self.hash_block_size = manager.hash_block_size
         self.null_block = manager.null_block
 
     def get_num_free_blocks(self):

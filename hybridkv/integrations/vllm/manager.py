@@ -26,7 +26,7 @@ from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, BlockIds
 from hybridkv.integrations.vllm.facades import BlockPoolFacade, CoordinatorFacade
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, cdiv, commit_known,
-                                                  salt_of)
+                                                  salt_of, token_ids)
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -125,7 +125,7 @@ class KVCacheManager:
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def _look(self, request, limit, salt):
-        plan = self.cache.lookup(request.request_id, list(request.all_token_ids[:limit]), salt)
+        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit), salt)
         self.tracked[request.request_id] = Tracked(hit=plan.reuse_tokens)
         return plan.reuse_tokens
 

@@ -26,6 +26,14 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+def token_ids(request, start, end):
+    """The request's token ids [start, end) as hybridkv takes them: vLLM's negative
+    placeholder ids (multimodal inputs, whose content is in the salt) map past every
+    vocabulary id, keeping them distinct from each other and from real tokens."""
+    ids = request.all_token_ids[start:end]
+    return [t if t >= 0 else (1 << 62) - t for t in ids]
+
+
 def salt_of(request):
     """hybridkv's tenant salt for a vLLM request: everything besides the tokens that vLLM puts
     in its block hashes (cache_salt, the LoRA adapter, multimodal inputs with their
@@ -43,6 +51,6 @@ def commit_known(cache, track, request, upto):
     allocation."""
     end = min(upto, request.num_tokens, track.allocated)
     if end > track.committed:
-        ids = request.all_token_ids
-        cache.commit(request.request_id, end - track.committed, list(ids[track.committed:end]))
+        cache.commit(request.request_id, end - track.committed,
+                     token_ids(request, track.committed, end))
         track.committed = end

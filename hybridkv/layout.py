@@ -249,6 +249,14 @@ class ModelLayout:
         return cls(groups, name=name, vocab=cfg.vocab)
 
     @classmethod
+    def from_vllm(cls, kv_cache_config):
+        """The layout of a vLLM ``KVCacheConfig``: full attention and sliding-window groups
+        (duck-typed on the spec classes; imports nothing from vLLM).  Any other spec raises
+        ``hybridkv.integrations.vllm.UnsupportedSpec`` naming it."""
+        from hybridkv.integrations.vllm.specs import layout_from_vllm
+        return layout_from_vllm(kv_cache_config)
+
+    @classmethod
     def v4_mini(cls, block_size=None, window=10, head_dim=16, idx_dim=8, csa_ratio=4,
                 hca_ratio=8, vocab=256, layers=("swa", "csa", "hca", "csa", "hca")):
         """V4Mini's layout (hybridkv.model defaults: W=10, CSA m=4 with overlap + indexer,

@@ -571,3 +571,19 @@ class CacheManager:
         mgr.spec_cfg = cfg
         return mgr
 
+    # -- read-only queries for engine adapters (hybridkv.integrations) -------------------------
+    @locked
+    def available_blocks(self):
+        """pool key -> blocks an allocation could take now (free + evictable), in O(pools)."""
+        return {pk: self.evictor.available(pk) for pk in self.pools}
+
+    @locked
+    def blocks_needed(self, request_id, num_new_tokens, num_draft_tokens=0):
+        """pool key -> new blocks ``allocate(request_id, num_new_tokens, num_draft_tokens)``
+        would take now, without the snapshots of retention points (reads only)."""
+        req = self._request(request_id)
+        check_count("num_new_tokens", num_new_tokens)
+        check_count("num_draft_tokens", num_draft_tokens)
+        start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
+        end = start + num_new_tokens
+        return self.writer.blocks_needed(req, end, end + num_draft_tokens)

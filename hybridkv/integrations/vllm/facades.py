@@ -1,0 +1,69 @@
+"""The internals vLLM's Scheduler reads off its KV cache manager, as thin facades over ours.
+
+The Scheduler reads ``coordinator.single_type_managers`` (``block_size``, ``kv_cache_spec``),
+``coordinator.enable_partial_hash_hits``, ``coordinator.get_num_blocks_to_allocate(...)`` and
+``block_pool.free_blocks`` / ``get_num_free_blocks``.  Each answer comes from the adapter's
+CacheManager (counts in vLLM block ids); none keeps state.
+"""
+from hybridkv.integrations.vllm.translate import cdiv
+
+
+class GroupFacade:
+    """What the Scheduler reads of one of vLLM's single-type managers."""
+
+    def __init__(self, group_id, spec):
+        self.kv_cache_group_id, self.kv_cache_spec = group_id, spec
+        self.block_size = spec.block_size
+        self.retains_longer_hit = False
+        self.records_new_block_ids = False
+
+
+class CoordinatorFacade:
+    def __init__(self, manager):
+        self.manager = manager
+        self.single_type_managers = tuple(
+            GroupFacade(i, g.kv_cache_spec)
+            for i, g in enumerate(manager.kv_cache_config.kv_cache_groups))
+        self.enable_partial_hash_hits = False
+        self.eagle_group_ids = ()
+        self.num_reprefillable_tokens = 0
+
+    def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks=None,
+                                   num_encoder_tokens=0, total_computed_tokens=0,
+                                   num_local_computed_tokens=0, num_tokens_main_model=0,
+                                   apply_admission_cap=False, prefill_end=None):
+        """vLLM block ids hybridkv needs to hold ``num_tokens`` positions of the request
+        (hybridkv's own count for a request it knows; blocks per group otherwise)."""
+        m = self.manager
+        track = m.tracked.get(request_id)
+        if track is None:
+            return sum(cdiv(num_tokens, g.block_size) for g in m.layout.groups)
+        need = m.cache.blocks_needed(request_id, max(0, num_tokens - max(
+            track.allocated, track.hit)))
+        return sum(k * m.ids.ids_per_block(pk) for pk, k in need.items())
+
+
+class BlockPoolFacade:
+    def __init__(self, manager):
+        self.manager = manager
+        self.num_gpu_blocks = manager.kv_cache_config.num_blocks
+        self.hash_block_size = manager.hash_block_size
+        self.null_block = manager.null_block
+
+    def get_num_free_blocks(self):
+        return self.manager.num_free_blocks()
+
+    def get_usage(self):
+        return self.manager.usage
+
+    def free_blocks(self, blocks):
+        """No-op: ``pop_blocks_for_free`` hands out no blocks (hybridkv frees at free)."""
+
+    def evict_blocks(self, block_ids):
+        self.manager.evict_blocks(block_ids)
+
+    def take_events(self):
+        return self.manager.take_events()
+
+    def reset_prefix_cache(self):
+        return self.manager.reset_prefix_cache()

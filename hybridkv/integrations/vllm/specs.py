@@ -1,0 +1,60 @@
+"""vLLM's KV cache groups -> a hybridkv ModelLayout (duck-typed: imports nothing from vLLM).
+
+One vLLM ``KVCacheGroupSpec`` becomes one hybridkv ``LayerGroup`` named ``g<i>`` (its index in
+``kv_cache_config.kv_cache_groups``), so group i of every vLLM call is group ``g<i>`` here:
+
+  FullAttentionSpec   -> ``full``: paged over every token, block = the spec's block_size
+  SlidingWindowSpec   -> ``swa``: window pages of W' = sliding_window rounded up to a multiple
+                         of block_size (a page is W'/block_size vLLM blocks; keeping W' >= W
+                         rows is a superset of what the window reads)
+
+The layout's pools are metadata only (vLLM owns the KV tensors): one layer and head_dim 1 per
+group.  Any other spec (Mamba, cross-attention, encoder-only, chunked local attention, MLA with
+compressed states, ...) raises UnsupportedSpec naming it: never a silent fallback.
+"""
+from hybridkv.errors import LayoutError
+from hybridkv.layout import LayerGroup, ModelLayout
+
+SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec")
+
+
+class UnsupportedSpec(LayoutError):
+    """A vLLM KV cache spec hybridkv cannot manage (the value names the spec and its group)."""
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def group_of(i, spec):
+    """The LayerGroup of vLLM group ``i`` with ``spec``; UnsupportedSpec when it has none."""
+    name = type(spec).__name__
+    if name not in SUPPORTED or getattr(spec, "attention_chunk_size", None):
+        raise UnsupportedSpec("hybridkv cannot manage this vLLM KV cache spec",
+                              {"group": i, "spec": name, "value": repr(spec)[:200]})
+    bs = spec.block_size
+    if name == "SlidingWindowSpec":
+        return LayerGroup(f"g{i}", "swa", (i,), bs, _ceil(spec.sliding_window, bs) * bs,
+                          head_dim=1)
+    return LayerGroup(f"g{i}", "full", (i,), bs, 0, head_dim=1)
+
+
+def layout_from_vllm(kv_cache_config):
+    """The ModelLayout of a vLLM ``KVCacheConfig`` (see the module docstring)."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if not groups:
+        raise UnsupportedSpec("a KVCacheConfig with no kv_cache_groups", kv_cache_config)
+    return ModelLayout([group_of(i, g.kv_cache_spec) for i, g in enumerate(groups)],
+                       name="vllm")
+
+
+def every_n(kv_cache_config, layout):
+    """hybridkv's retention interval for vLLM's ``prefix_cache_retention_interval`` (rounded
+    up to the hash granule; 0 stays 0)."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", 0) or 0
+    return _ceil(interval, layout.granule) * layout.granule
+
+
+def window_blocks(group):
+    """vLLM blocks per hybridkv pool block of ``group`` (a window page spans W'/bs blocks)."""
+    return group.window // group.block_size if group.kind == "swa" else 1

@@ -1,0 +1,115 @@
+"""Checks of hybridkv's vLLM adapter on vLLM's real objects: run under the vLLM venv by
+tests/integrations/test_vllm_adapter.py (this file imports vllm, so it is not named test_*)."""
+import pytest
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MambaSpec, SlidingWindowSpec)
+from vllm.v1.request import Request
+
+from hybridkv import ModelLayout
+from hybridkv.integrations.vllm import KVCacheManager, UnsupportedSpec
+
+BS = 16
+init_none_hash(sha256)
+
+
+def full(**kw):
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             **kw)
+
+
+def swa(window):
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=window)
+
+
+def config(num_blocks, *specs):
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"layers.{i}"], s) for i, s in enumerate(specs)])
+
+
+def manager(num_blocks, *specs):
+    return KVCacheManager(config(num_blocks, *specs), max_model_len=4096,
+                          scheduler_block_size=BS, hash_block_size=BS)
+
+
+def request(rid, tokens, salt=None):
+    return Request(rid, tokens, SamplingParams(max_tokens=4), None, cache_salt=salt,
+                   block_hasher=get_request_block_hasher(BS, sha256))
+
+
+def prefill(kv, req):
+    blocks, hit, _ = kv.get_computed_blocks(req)
+    got = kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+    assert got is not None
+    req.num_computed_tokens = req.num_tokens
+    return hit
+
+
+def test_layout_maps_full_and_sliding_window_groups():
+    lay = ModelLayout.from_vllm(config(64, full(), swa(40)))
+    assert [(g.name, g.kind, g.block_size, g.window) for g in lay.groups] == \
+        [("g0", "full", BS, 0), ("g1", "swa", BS, 48)]     # window rounded up to blocks
+
+
+def test_unsupported_spec_is_named():
+    mamba = MambaSpec(block_size=BS, shapes=((1, 1),), dtypes=(torch.float32,))
+    with pytest.raises(UnsupportedSpec, match="MambaSpec"):
+        ModelLayout.from_vllm(config(64, full(), mamba))
+
+
+def test_prefix_hit_shares_block_ids_in_one_id_space():
+    kv = manager(64, full())
+    a, b = request("a", list(range(100))), request("b", list(range(80)) + [7] * 20)
+    assert prefill(kv, a) == 0
+    assert prefill(kv, b) == 80
+    ids_a, ids_b = kv.get_block_ids("a")[0], kv.get_block_ids("b")[0]
+    assert ids_b[:5] == ids_a[:5] and set(ids_b[5:]).isdisjoint(ids_a)
+    assert all(0 < i < 64 for i in ids_a + ids_b)
+    kv.free(a)
+    kv.free(b)
+    assert kv.usage == 0.0
+
+
+def test_cache_salt_isolates_tenants():
+    kv = manager(64, full())
+    prefill(kv, request("a", list(range(64)), salt="tenant-a"))
+    assert kv.get_computed_blocks(request("b", list(range(64)), salt="tenant-b"))[1] == 0
+    assert kv.get_computed_blocks(request("c", list(range(64)), salt="tenant-a"))[1] == 48
+
+
+def test_refused_allocation_returns_none_and_changes_nothing():
+    kv = manager(9, full())                      # 8 usable blocks
+    a = request("a", list(range(100)))
+    prefill(kv, a)                               # 7 blocks
+    b = request("b", list(range(1000, 1050)))
+    free, blocks = kv.block_pool.get_num_free_blocks(), kv.get_block_ids("a")
+    assert kv.allocate_slots(b, 50) is None
+    assert (kv.block_pool.get_num_free_blocks(), kv.get_block_ids("a")) == (free, blocks)
+    assert kv.get_blocks("b").get_block_ids() == ([],)
+
+
+def test_sliding_window_blocks_outside_the_window_are_null():
+    kv = manager(129, full(), swa(32))
+    a = request("a", list(range(160)))
+    prefill(kv, a)
+    for step in range(40):                       # decode: the window slides
+        a.append_output_token_ids(5)
+        assert kv.allocate_slots(a, 1) is not None
+        a.num_computed_tokens += 1
+    full_ids, swa_ids = kv.get_block_ids("a")
+    assert 0 not in full_ids and swa_ids[0] == 0 and swa_ids[-1] != 0
+    assert len(full_ids) == len(swa_ids) == -(-200 // BS)
+
+
+def test_lookahead_slots_are_never_published():
+    kv = manager(64, full())
+    a = request("a", list(range(40)))
+    blocks, hit, _ = kv.get_computed_blocks(a)
+    assert kv.allocate_slots(a, 40, num_lookahead_tokens=24) is not None
+    assert len(kv.get_block_ids("a")[0]) == 4    # 64 positions have slots
+    b = request("b", list(range(40)) + list(range(24)))
+    assert kv.get_computed_blocks(b)[1] == 32    # only the known prompt's blocks

@@ -106,14 +106,14 @@ def index_block_e(plan, ratio):
 
 def index_launch(iq, iw, keys_pool, plan, ratio, scores):
     """The Launch scoring and selecting for every query of the checked ``plan``: the score
-    row is written BLOCK_T entries at a time (the [NI, T, DI] product, or with tl.dot the
-    [T, DI] key tile, within kernels.plan.TILE), then read back whole for the top-k."""
+    row is written BLOCK_T entries at a time (the [NI, T, DI] product within kernels.plan.TILE,
+    or with tl.dot 32 entries), then read back whole for the top-k."""
     n_q, ni, di = iq.shape
     block_e = scores.shape[1]
     block_t = min(block_e, max(1, TILE // (ni * di)))
     use_dot = ni >= 16 and di >= 16 and block_e >= 16
-    if use_dot:
-        block_t = min(block_e, 64, max(16, TILE // di))
+    if use_dot:   # 32: at 64 entries the FMA dot's operands spill at NI x DI = 64 x 128
+        block_t = min(block_e, 32)
     return Launch(_index_kernel, (n_q,),
                   (iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel, scores,
                    int(ratio), plan.idx_table.stride(0), plan.sel.stride(0)),

@@ -100,3 +100,32 @@ def example_launch(kernel, shape):
         return index_launch(iq, torch.empty(N_QUERIES, shape.idx_heads), keys, plan,
                             shape.csa_ratio, scores)
     raise KeyError(f"no kernel {kernel!r}; kernels: {', '.join(KERNELS)}")
+
+
+def decode_inputs(shape, B, L, ratio, device="cpu", seed=0):
+    """A decode step of B requests at position L-1 at ``shape`` (for timing and graph capture):
+    random queries and sinks, a SWA pool holding only each request's window blocks, a full
+    compressed pool of its L // ratio entries in shuffled blocks, and a plan (plan_attention)
+    whose ``sel`` holds top_k random visible entries.
+    Returns (q, swa_pool, comp_pool, plan, sink, n_ent)."""
+    g = torch.Generator().manual_seed(seed)
+    bs, cbs, d = shape.swa_rows, shape.comp_rows, shape.head_dim
+    n_log = L // bs + 1
+    nwin = min(n_log, shape.window // bs + 2)
+    n_ent = L // ratio
+    n_cb = -(-n_ent // cbs)
+    comp_ids = torch.randperm(B * n_cb, generator=g).view(B, n_cb).tolist()
+    seqs = [SeqSlice(L - 1, 1, [-1] * (n_log - nwin) + list(range(r * nwin, (r + 1) * nwin)),
+                     comp_ids[r], comp_ids[r]) for r in range(B)]
+    plan = plan_attention(seqs, shape.top_k)
+    k = min(shape.top_k, n_ent)
+    plan.sel[:, :k] = torch.stack([torch.randperm(n_ent, generator=g)[:k]
+                                   for _ in range(B)]).to(torch.int32)
+    plan = plan._replace(**{f: getattr(plan, f).to(device) for f in
+                            ("pos", "req", "swa_table", "comp_table", "idx_table", "sel")})
+    gen = torch.Generator(device=device).manual_seed(seed)
+    swa = torch.randn(B * nwin, bs, d, device=device, generator=gen)
+    comp = torch.randn(B * n_cb, cbs, d, device=device, generator=gen)
+    q = torch.randn(B, shape.n_heads, d, device=device, generator=gen)
+    sink = torch.randn(shape.n_heads, device=device, generator=gen)
+    return q, swa, comp, plan, sink, n_ent

@@ -79,10 +79,14 @@ def compile_launch(launch, cc):
                              "(TRITON_INTERPRET=1); compile in a child (compile_in_subprocess)")
     target = GPUTarget("cuda", cc, WARP)
     backend = make_backend(target)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, spec, opts = binder(*launch.args, **launch.constexprs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, launch.constexprs, bound,
-                                                          spec, opts)
+    try:      # Triton's own launch-time specialisation (internal API, checked for 3.9)
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(*launch.args, **launch.constexprs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, launch.constexprs, bound,
+                                                              spec, opts)
+    except AttributeError as e:   # (a TypeError: the launch does not fit the kernel -> a row)
+        raise AotUnavailable(f"Triton {triton.__version__}: its launch binder is not the one "
+                             f"kernels.aot drives ({type(e).__name__}: {e})") from e
     log = io.StringIO()
     before = knobs.nvidia.dump_ptxas_log
     knobs.nvidia.dump_ptxas_log = True          # Triton prints ptxas -v's report to stdout

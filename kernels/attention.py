@@ -6,7 +6,8 @@ One kernel, three modes (one softmax over the union, plus a per-head attention s
   MODE 2 "hca":    the window plus every compressed entry j visible at i: ratio*(j+1)-1 <= i.
 K and V are the same shared row (MQA-style shared KV).  The sink adds exp(sink_h) to the
 softmax denominator and contributes no value.  Chunked prefill and decode are the same launch:
-one program per query, all heads together, so each KV row is loaded once per query.
+one program per query and block of BLOCK_H heads (all heads together where a [heads, D] tile
+fits, so each KV row is loaded once per query; at D = 512 four 16-head programs share it).
 """
 import math
 
@@ -16,6 +17,7 @@ import triton.language as tl
 
 from kernels.guards import (LaunchRefused, check_pins, check_pool,
                             check_same_device, check_tensor)
+from kernels.plan import TILE, Launch, pow2
 
 MODES = {"swa": 0, "sparse": 1, "hca": 2}
 
@@ -25,7 +27,7 @@ def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr):
     if USE_DOT:   # tensor-core friendly shapes; ieee keeps fp32 exactness (no tf32)
         s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
     else:
-        s = tl.sum(q[:, None, :] * kv[None, :, :], axis=2) * scale      # [NH, N]
+        s = tl.sum(q[:, None, :] * kv[None, :, :], axis=2) * scale      # [BLOCK_H, N]
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
@@ -42,18 +44,18 @@ def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr):
 def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
                  window, ratio, scale, bt_stride, cbt_stride, sel_stride,
                  MODE: tl.constexpr, BS: tl.constexpr, CBS: tl.constexpr, NH: tl.constexpr,
-                 D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                 N_SEL: tl.constexpr, USE_DOT: tl.constexpr):
+                 D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_S: tl.constexpr, N_SEL: tl.constexpr, USE_DOT: tl.constexpr):
     pid = tl.program_id(0)
     i = tl.load(POS + pid)
     r = tl.load(REQ + pid)
-    h = tl.arange(0, NH)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
     n = tl.arange(0, BLOCK_N)
     q = tl.load(Q + pid * NH * D + h[:, None] * D + d[None, :])
     m = tl.load(SINK + h)                      # running max starts at the sink logit
-    l = tl.full([NH], 1.0, tl.float32)         # exp(sink - m) with m == sink
-    acc = tl.zeros([NH, D], tl.float32)
+    l = tl.full([BLOCK_H], 1.0, tl.float32)    # exp(sink - m) with m == sink
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
     lo = tl.maximum(i - window + 1, 0)
     for t in range(0, (i - lo + BLOCK_N) // BLOCK_N):
         p = lo + t * BLOCK_N + n
@@ -114,10 +116,6 @@ def attention_ref(mode, q, swa_pool, comp_pool, plan, sink, window, ratio=1):
     return out
 
 
-def _pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
               backend="triton", pins=(), swa_abi=None, comp_abi=None):
     """Run one attention launch over ``plan`` (see module docstring for the modes).
@@ -130,7 +128,7 @@ def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
         raise LaunchRefused("shape", "mode", mode)
     check_tensor("q", q, torch.float32, 3)
     n_q, nh, d = q.shape
-    if n_q != plan.n_q or nh != _pow2(nh) or d != _pow2(d) or tuple(sink.shape) != (nh,):
+    if n_q != plan.n_q or nh != pow2(nh) or d != pow2(d) or tuple(sink.shape) != (nh,):
         raise LaunchRefused("shape", "q", (tuple(q.shape), plan.n_q, tuple(sink.shape)))
     check_tensor("sink", sink, torch.float32, 1, row=False)
     check_pool("swa_pool", swa_pool, swa_abi, d)
@@ -149,20 +147,33 @@ def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
     if backend != "triton":
         raise LaunchRefused("shape", "backend", backend)
     out = torch.empty_like(q)
-    if n_q == 0:
-        return out
-    cp = comp_pool if comp_pool is not None else swa_pool
-    block_n = min(64, _pow2(max(window, 2)))
-    block_s = min(64, _pow2(plan.sel.shape[1]))
-    use_dot = nh >= 16 and d >= 16 and block_n >= 16 and (mode != "sparse" or block_s >= 16)
-    _attn_kernel[(n_q,)](
-        q, swa_pool, cp, sink, plan.pos, plan.req, plan.swa_table, plan.comp_table, plan.sel,
-        out, int(window), int(ratio), 1.0 / math.sqrt(d), plan.swa_table.stride(0),
-        plan.comp_table.stride(0), plan.sel.stride(0),
-        MODE=MODES[mode], BS=swa_pool.shape[1], CBS=cp.shape[1], NH=nh, D=d,
-        BLOCK_N=block_n, BLOCK_S=block_s,
-        N_SEL=plan.sel.shape[1], USE_DOT=use_dot)
+    if n_q:
+        attention_launch(mode, q, swa_pool, comp_pool, plan, sink, out, window, ratio).run()
     return out
+
+
+def attention_launch(mode, q, swa_pool, comp_pool, plan, sink, out, window, ratio=1):
+    """The Launch of one checked attention call (the run step; kernels.aot compiles it).
+
+    Tiles: BLOCK_H heads per program, the window walked BLOCK_N rows at a time (at most 64),
+    the selection BLOCK_S entries at a time, each [rows, D] fp32 tile at most TILE elements
+    (32 KB: at D = 512 the tiles of 64 rows or heads would not fit in registers or shared
+    memory); tl.dot once every operand is at least 16 wide; 8 warps for D >= 256."""
+    n_q, nh, d = q.shape
+    cp = comp_pool if comp_pool is not None else swa_pool
+    rows = max(1, TILE // d)
+    block_h = min(nh, rows)
+    block_n = min(64, rows, pow2(max(window, 2)))
+    block_s = min(64, rows, pow2(plan.sel.shape[1]))
+    use_dot = (block_h >= 16 and d >= 16 and block_n >= 16
+               and (mode != "sparse" or block_s >= 16))
+    args = (q, swa_pool, cp, sink, plan.pos, plan.req, plan.swa_table, plan.comp_table, plan.sel,
+            out, int(window), int(ratio), 1.0 / math.sqrt(d), plan.swa_table.stride(0),
+            plan.comp_table.stride(0), plan.sel.stride(0))
+    meta = dict(MODE=MODES[mode], BS=swa_pool.shape[1], CBS=cp.shape[1], NH=nh, D=d,
+                BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_S=block_s, N_SEL=plan.sel.shape[1],
+                USE_DOT=use_dot, num_warps=8 if d >= 256 else 4)
+    return Launch(_attn_kernel, (n_q, nh // block_h), args, meta)
 
 
 def swa_attention(q, swa_pool, plan, sink, window, **kw):

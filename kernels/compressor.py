@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernels.guards import (LaunchRefused, check_pins, check_pool, check_same_device,
                             check_tensor)
+from kernels.plan import TILE, Launch, pow2
 
 
 class CompressSlice(NamedTuple):
@@ -36,13 +37,13 @@ class CompressSlice(NamedTuple):
 @triton.jit
 def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride,
                      M: tl.constexpr, OV: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                     CBS: tl.constexpr):
+                     BLOCK_D: tl.constexpr, CBS: tl.constexpr):
     e = tl.program_id(0)
     j = tl.load(J + e)
     row0 = tl.load(ROW0 + e)          # row of position 0 of this entry's request (may be < 0)
     trow = tl.load(TROW + e)
     t = tl.arange(0, ROWS)
-    d = tl.arange(0, D)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)    # columns pool independently
     p = j * M - OV + t
     in_win = t < OV + M
     valid = in_win & (p >= 0)
@@ -73,17 +74,13 @@ def compress_ref(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, over
         pool[int(table[j // cbs]), j % cbs] = (w * torch.stack(kv_rows)).sum(0)
 
 
-def _pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def _check_slice(i, s, pool, ape, ratio, overlap):
     check_tensor(f"rows_kv[{i}]", s.rows_kv, torch.float32, 2)
     check_tensor(f"rows_gate[{i}]", s.rows_gate, torch.float32, 2)
     check_tensor(f"table[{i}]", s.table, torch.int32, 1)
     d = pool.shape[2]
     c = s.rows_kv.shape[1]
-    if (s.rows_gate.shape != s.rows_kv.shape or c != (2 * d if overlap else d) or d != _pow2(d)
+    if (s.rows_gate.shape != s.rows_kv.shape or c != (2 * d if overlap else d) or d != pow2(d)
             or tuple(ape.shape) != (overlap + ratio, d) or overlap not in (0, ratio)):
         raise LaunchRefused("shape", "rows", (tuple(s.rows_kv.shape), tuple(ape.shape), overlap))
     if s.j1 > s.j0:
@@ -116,6 +113,14 @@ def compress_batch(slices, ape, pool, ratio, overlap, *, backend="triton", pins=
         return
     if backend != "triton":
         raise LaunchRefused("shape", "backend", backend)
+    compress_launch(work, ape, pool, ratio, overlap).run()
+
+
+def compress_launch(work, ape, pool, ratio, overlap):
+    """The Launch closing every entry of the checked slices ``work`` (each with j1 > j0): their
+    rows concatenated, their tables padded into one int32 table, one program per entry and
+    block of BLOCK_D feature columns ([ROWS, BLOCK_D] within kernels.plan.TILE: HCA's m' = 128
+    rows of D = 512 would not fit one program's registers)."""
     dev = pool.device
     kv = torch.cat([s.rows_kv for s in work]) if len(work) > 1 else work[0].rows_kv
     gate = torch.cat([s.rows_gate for s in work]) if len(work) > 1 else work[0].rows_gate
@@ -128,12 +133,12 @@ def compress_batch(slices, ape, pool, ratio, overlap, *, backend="triton", pins=
         row0 += [off - s.base] * (s.j1 - s.j0)
         trow += [r] * (s.j1 - s.j0)
         off += s.rows_kv.shape[0]
-    n = len(js)
     arr = torch.tensor([js, row0, trow], dtype=torch.int32, device=dev)
-    _compress_kernel[(n,)](kv, gate, ape, pool, bt, arr[0], arr[1], arr[2], kv.shape[1],
-                           bt.stride(0), M=ratio, OV=overlap, ROWS=_pow2(ratio + overlap),
-                           D=pool.shape[2], CBS=pool.shape[1])
-
+    rows, d = pow2(ratio + overlap), pool.shape[2]
+    block_d = min(d, max(1, TILE // rows))
+    return Launch(_compress_kernel, (len(js), d // block_d),
+                  (kv, gate, ape, pool, bt, arr[0], arr[1], arr[2], kv.shape[1], bt.stride(0)),
+                  dict(M=ratio, OV=overlap, ROWS=rows, D=d, BLOCK_D=block_d, CBS=pool.shape[1]))
 
 def compress(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap, *,
              backend="triton", pins=(), abi=None):

@@ -11,30 +11,38 @@ import triton.language as tl
 
 from kernels.guards import (LaunchRefused, check_pins, check_pool,
                             check_same_device, check_tensor)
+from kernels.plan import TILE, Launch, pow2
 
 
 @triton.jit
 def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, sel_stride,
                   NI: tl.constexpr, DI: tl.constexpr, CBS: tl.constexpr, BLOCK_E: tl.constexpr,
-                  K: tl.constexpr):
+                  BLOCK_T: tl.constexpr, K: tl.constexpr, USE_DOT: tl.constexpr):
     pid = tl.program_id(0)
     i = tl.load(POS + pid)
     r = tl.load(REQ + pid)
     h = tl.arange(0, NI)
     d = tl.arange(0, DI)
-    e = tl.arange(0, BLOCK_E)
+    t = tl.arange(0, BLOCK_T)
     q = tl.load(IQ + pid * NI * DI + h[:, None] * DI + d[None, :])
     w = tl.load(IW + pid * NI + h)
     n_vis = (i + 1) // ratio
-    valid = e < n_vis
-    blk = tl.load(IBT + r * bt_stride + e // CBS, mask=valid, other=0)
-    k = tl.load(KEYS + blk[:, None] * (CBS * DI) + (e % CBS)[:, None] * DI + d[None, :],
-                mask=valid[:, None], other=0.0)
-    dots = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                  # [NI, E]
-    s = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
-    s = tl.where(valid, s, float("-inf"))
-    tl.store(SCORES + pid * BLOCK_E + e, s)
-    for kk in tl.static_range(K):
+    for e0 in range(0, BLOCK_E, BLOCK_T):     # score the row a tile of entries at a time
+        e = e0 + t
+        valid = e < n_vis
+        blk = tl.load(IBT + r * bt_stride + e // CBS, mask=valid, other=0)
+        k = tl.load(KEYS + blk[:, None] * (CBS * DI) + (e % CBS)[:, None] * DI + d[None, :],
+                    mask=valid[:, None], other=0.0)
+        if USE_DOT:   # ieee: fp32 products, no tf32
+            dots = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            dots = tl.sum(q[:, None, :] * k[None, :, :], axis=2)          # [NI, T]
+        s = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
+        tl.store(SCORES + pid * BLOCK_E + e, tl.where(valid, s, float("-inf")))
+    tl.debug_barrier()                         # the whole row stored before it is read back
+    e = tl.arange(0, BLOCK_E)
+    s = tl.load(SCORES + pid * BLOCK_E + e)
+    for kk in range(K):
         best = tl.min(tl.where(s == tl.max(s, axis=0), e, BLOCK_E), axis=0)
         tl.store(SEL + pid * sel_stride + kk, tl.where(kk < n_vis, best, -1))
         s = tl.where(e == best, float("-inf"), s)
@@ -61,10 +69,6 @@ def index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e):
     return scores, sel
 
 
-def _pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
                abi=None):
     """Score and select for every query of ``plan``; fills ``plan.sel[:, :top_k]`` in place.
@@ -74,7 +78,7 @@ def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
     check_tensor("iq", iq, torch.float32, 3)
     check_tensor("iw", iw, torch.float32, 2, row=False)
     n_q, ni, di = iq.shape
-    if (n_q != plan.n_q or tuple(iw.shape) != (n_q, ni) or ni != _pow2(ni) or di != _pow2(di)
+    if (n_q != plan.n_q or tuple(iw.shape) != (n_q, ni) or ni != pow2(ni) or di != pow2(di)
             or not 0 < plan.top_k <= plan.sel.shape[1]):
         raise LaunchRefused("shape", "iq", (tuple(iq.shape), tuple(iw.shape), plan.top_k))
     check_pool("keys_pool", keys_pool, abi, di)
@@ -82,7 +86,7 @@ def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
         check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())
     check_same_device("indexer", iq, iw, keys_pool, plan.pos, plan.idx_table, plan.sel)
     check_pins(pins)
-    block_e = _pow2(max(1, (plan.max_pos + 1) // ratio))
+    block_e = index_block_e(plan, ratio)
     if backend == "torch":
         scores, sel = index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e)
         plan.sel.copy_(sel)
@@ -91,8 +95,27 @@ def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
         raise LaunchRefused("shape", "backend", backend)
     scores = torch.empty((max(n_q, 1), block_e), dtype=torch.float32, device=iq.device)
     if n_q:
-        _index_kernel[(n_q,)](iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel,
-                              scores, int(ratio), plan.idx_table.stride(0), plan.sel.stride(0),
-                              NI=ni, DI=di, CBS=keys_pool.shape[1], BLOCK_E=block_e,
-                              K=plan.top_k)
+        index_launch(iq, iw, keys_pool, plan, ratio, scores).run()
     return scores, plan.sel
+
+
+def index_block_e(plan, ratio):
+    """Width of a score row: every entry visible to the plan's last position, rounded up."""
+    return pow2(max(1, (plan.max_pos + 1) // ratio))
+
+
+def index_launch(iq, iw, keys_pool, plan, ratio, scores):
+    """The Launch scoring and selecting for every query of the checked ``plan``: the score
+    row is written BLOCK_T entries at a time (the [NI, T, DI] product within kernels.plan.TILE,
+    or with tl.dot 32 entries), then read back whole for the top-k."""
+    n_q, ni, di = iq.shape
+    block_e = scores.shape[1]
+    block_t = min(block_e, max(1, TILE // (ni * di)))
+    use_dot = ni >= 16 and di >= 16 and block_e >= 16
+    if use_dot:   # 32: at 64 entries the FMA dot's operands spill at NI x DI = 64 x 128
+        block_t = min(block_e, 32)
+    return Launch(_index_kernel, (n_q,),
+                  (iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel, scores,
+                   int(ratio), plan.idx_table.stride(0), plan.sel.stride(0)),
+                  dict(NI=ni, DI=di, CBS=keys_pool.shape[1], BLOCK_E=block_e, BLOCK_T=block_t,
+                       K=plan.top_k, USE_DOT=use_dot, num_warps=8 if ni * di >= 4096 else 4))

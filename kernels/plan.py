@@ -3,8 +3,13 @@
 Planning is host work done once per chunk and layer; the run step (the launch wrappers) only
 checks and launches.  Every int32 buffer is padded to a multiple of 4 entries (16 bytes) so
 that it passes the byte-alignment check of the launch.
+
+A ``Launch`` is what the run step hands to Triton: the kernel, its grid, its arguments and its
+constexprs.  Each kernel module has one function that builds it (``attention_launch``,
+``compress_launch``, ``index_launch``); the wrappers run it and ``kernels.aot`` compiles it ahead
+of time for a named GPU, so the compiled program is the one a launch would run.
 """
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -35,6 +40,27 @@ class AttnPlan(NamedTuple):
     n_q: int
     top_k: int
     max_pos: int
+
+
+# fp32 elements one operand tile of a program may hold (32 KB): at D = 512 a 64-row tile would
+# neither fit in registers nor, staged for tl.dot beside the queries, in shared memory
+TILE = 8192
+
+
+class Launch(NamedTuple):
+    """One kernel launch, fully decided: ``kernel[grid](*args, **constexprs)``."""
+    kernel: Callable           # the @triton.jit function
+    grid: tuple                # program counts, e.g. (n_q,)
+    args: tuple                # runtime arguments in the kernel's order (tensors, ints, floats)
+    constexprs: dict[str, Any]  # constexprs (block sizes, modes, head counts) and num_warps
+
+    def run(self):
+        self.kernel[self.grid](*self.args, **self.constexprs)
+
+
+def pow2(n):
+    """The smallest power of two >= n (1 for n <= 1): Triton block shapes must be powers of 2."""
+    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _pad4(n):

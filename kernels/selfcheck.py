@@ -205,3 +205,27 @@ def default_cases(seed=0):
     out.append((check_indexer, indexer_case(seed, 2, 8, 4, reqs, 4)))
     out.append((check_indexer, indexer_case(seed, 2, 8, 4, [(40, 9)], 4, quant=True)))
     return out
+
+
+def shape_cases(shape, seed=0):
+    """Every kernel against its reference at a kernels.shapes.KernelShape (V4-mini's or
+    DeepSeek-V4's): a chunk ending at ``shape.max_pos`` beside a decode half-way, the
+    compressors closing entries there, the indexer on half-integer inputs (exact scores, so
+    the selection is compared exactly however many heads and dims are summed)."""
+    end = shape.max_pos + 1
+    reqs = [(end - 4, 4), (end // 2, 1)]
+    nh, d, k = shape.n_heads, shape.head_dim, shape.top_k
+    out = [(check_attention, attention_case(seed, mode, nh, d, shape.swa_rows, shape.comp_rows,
+                                            shape.window, reqs, ratio, top_k=k))
+           for mode, ratio in (("swa", shape.csa_ratio), ("sparse", shape.csa_ratio),
+                               ("hca", shape.hca_ratio))]
+    for ratio, ov, dim in ((shape.csa_ratio, shape.csa_ratio, d), (shape.hca_ratio, 0, d),
+                           (shape.csa_ratio, shape.csa_ratio, shape.idx_dim)):
+        out.append((check_compressor, compressor_case(seed, ratio, ov, dim, shape.comp_rows,
+                                                      end - ratio - 3, ratio + 3)))
+        out.append((check_compress_batch, compress_batch_case(
+            seed, ratio, ov, dim, shape.comp_rows, [(0, 2 * ratio + 1), (end - ratio, ratio)])))
+    out.append((check_indexer, indexer_case(seed, shape.idx_heads, shape.idx_dim,
+                                            shape.comp_rows, reqs, k, shape.csa_ratio,
+                                            quant=True)))
+    return out

@@ -1,27 +1,23 @@
-"""One-shot GPU check for the hybridkv kernels and the model over one memory (run on a CUDA
-machine; a few minutes).
+"""One-shot GPU check of the kernels and the model over one memory, on a CUDA machine, in under
+5 minutes (the quick resume grid; --full-grid for all of it).  One JSON object; exit 0 when
+every comparison passes, 1 when one fails, 2 without CUDA (the object says why).
 
-  python scripts/gpu_check.py [--json] [--quick]
+  python scripts/gpu_check.py [--json] [--full-grid]
   python scripts/gpu_check.py --cpu        # the CPU-safe parts only (smoke test, no GPU)
 
-1. kernels: every kernel compiled for the GPU against its torch reference (the
-   kernels.selfcheck cases moved to the GPU, including compress_batch over several requests
-   in one launch, plus the 16-head tl.dot path);
-2. model: V4Mini with its KV in a CacheManager on the GPU (one memory): Triton backend vs
-   torch backend cold logits, then the resume grid (hybridkv.model.resume.check_grid: warm ==
-   cold bitwise, resumed at the aligned H' the plan reports) and the greedy check, on Triton;
-3. bandwidth: decode attention, one query per request, B requests, timed with CUDA events;
-   bytes counted are the unique KV bytes each launch must read; compared with the GPU's peak;
-4. graph: (a) a decode step of the kernels (indexer + sparse + HCA attention) captured as a
-   CUDA graph behind kernels.GuardedGraph, replayed after refreshing its static input, checked
-   against eager, then a relocated pool must be refused and a re-capture must work;
+1. kernels: each kernel JIT-compiled vs its torch reference (max abs error) at V4-mini's and
+   DeepSeek-V4's shapes (kernels.selfcheck.shape_cases), the fixed selfcheck cases, the
+   16-head tl.dot path;
+2. model: V4Mini's KV in a CacheManager on the GPU: Triton vs torch cold logits, the resume
+   grid (warm == cold bitwise at the aligned H') and the greedy check, on Triton;
+3. bandwidth: decode attention at DeepSeek-V4's shape, B requests, CUDA events; the unique KV
+   bytes each launch must read per second, and that as a percentage of the GPU's peak;
+4. graph: (a) indexer + sparse + HCA attention at DeepSeek-V4's shape captured as a CUDA graph
+   behind kernels.GuardedGraph, replayed vs eager, a relocated pool refused, re-captured;
    (b) hybridkv.engine.graph.DecodeGraph over the CacheManager's pool tensors: the Engine
-   decodes with the captured window gather replayed every decode step (a real
-   torch.cuda.CUDAGraph; each replay compared with an eager gather), the generated tokens
-   equal the cold run's argmax, a relocation of the static buffers makes the next replay
-   refused and re-captured, and the replayed gather equals the pool rows of the request's
-   window pages.
-Prints one JSON object (--json) and exits non-zero if any comparison fails.
+   replays the captured window gather every decode step (each replay vs an eager gather),
+   its tokens equal the cold run's argmax, a relocation is refused and re-captured, and the
+   replayed gather equals the pool rows of the request's window pages.
 """
 import argparse
 import json
@@ -50,17 +46,28 @@ def _to(x, dev):
     return x
 
 
-def check_kernels(dev, dot_path=True):
-    from kernels.selfcheck import attention_case, check_attention, default_cases
-    out = []
-    cases = default_cases(0)
+def kernel_shapes():
+    """The shapes the kernels are checked at: V4-mini's (its config and pools), DeepSeek-V4's."""
+    from hybridkv.commands.check_kernels import v4_mini_shape
+    from kernels.shapes import DEEPSEEK_V4
+    return [v4_mini_shape(), DEEPSEEK_V4]
+
+
+def check_kernels(dev, dot_path=True, shapes=None):
+    """Max abs error of every kernel case against its reference, run on ``dev``."""
+    from kernels.selfcheck import attention_case, check_attention, default_cases, shape_cases
+    cases = [("selfcheck", c) for c in default_cases(0)]
     if dot_path:
-        cases += [(check_attention, attention_case(
-            1, m, 16, 16, 16, 4, 20, [(40, 3), (700, 2)], r, top_k=80))
+        cases += [("dot-path", (check_attention, attention_case(
+            1, m, 16, 16, 16, 4, 20, [(40, 3), (700, 2)], r, top_k=80)))
             for m, r in (("swa", 4), ("sparse", 4), ("hca", 8))]
-    for check, case in cases:
+    for shape in kernel_shapes() if shapes is None else shapes:
+        cases += [(shape.name, c) for c in shape_cases(shape)]
+    out = []
+    for shape_name, (check, case) in cases:
         e = check(_to(case, dev))
-        out.append({"name": e.name, "max_abs_err": e.max_abs_err, "tol": e.tol})
+        out.append({"name": e.name, "shape": shape_name, "max_abs_err": e.max_abs_err,
+                    "tol": e.tol})
     return out
 
 
@@ -84,32 +91,6 @@ def check_model(dev, quick, lengths=None, span=12, greedy=(17, 26, 6)):
             "greedy_seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _decode_inputs(dev, B, L, W, nh, d, bs, ratio, top_k):
-    """B requests at position L-1; SWA blocks only for the window, compressed pools full."""
-    from kernels.plan import AttnPlan
-    g = torch.Generator(device=dev).manual_seed(0)
-    nwin = W // bs + 1
-    n_log = L // bs
-    swa = torch.randn(B * nwin, bs, d, device=dev, generator=g)
-    swa_t = torch.full((B, -(-n_log // 4) * 4), -1, dtype=torch.int32, device=dev)
-    swa_t[:, n_log - nwin:n_log] = torch.arange(B * nwin, device=dev,
-                                                dtype=torch.int32).view(B, nwin)
-    n_ent = L // ratio
-    cbs = 16
-    n_cb = -(-n_ent // cbs)
-    comp = torch.randn(B * n_cb, cbs, d, device=dev, generator=g)
-    comp_t = torch.randperm(B * n_cb, device=dev, generator=g).to(torch.int32).view(B, n_cb)
-    comp_t = torch.nn.functional.pad(comp_t, (0, (-n_cb) % 4), value=-1).contiguous()
-    sel = torch.stack([torch.randperm(n_ent, device=dev, generator=g)[:top_k]
-                       for _ in range(B)]).to(torch.int32)
-    pos = torch.full((B,), L - 1, dtype=torch.int32, device=dev)
-    req = torch.arange(B, dtype=torch.int32, device=dev)
-    plan = AttnPlan(pos, req, swa_t, comp_t, comp_t, sel, B, top_k, L - 1)
-    q = torch.randn(B, nh, d, device=dev, generator=g)
-    sink = torch.randn(nh, device=dev, generator=g)
-    return q, swa, comp, plan, sink, n_ent
-
-
 def _time(fn, iters=50):
     fn()
     torch.cuda.synchronize()
@@ -122,43 +103,57 @@ def _time(fn, iters=50):
     return start.elapsed_time(end) / iters / 1e3
 
 
-def bandwidth(dev, quick):
+def _decode_run(dev, mode, ratio, B, L, shape):
+    """One decode attention launch at ``shape`` timed; its inputs are freed on return."""
     from kernels import hca_attention, sparse_attention, swa_attention
-    B, L, W, nh, d, bs, k = (256 if quick else 1024), 32768, 128, 16, 128, 16, 512
+    from kernels.shapes import decode_inputs
+    W, k = shape.window, shape.top_k
+    q, swa, comp, plan, sink, n_ent = decode_inputs(shape, B, L, ratio, dev)
+    rows = W + {"swa": 0, "sparse": k, "hca": n_ent}[mode]
+    nbytes = B * rows * shape.head_dim * 4 + 2 * q.numel() * 4
+    fn = {"swa": lambda: swa_attention(q, swa, plan, sink, W),
+          "sparse": lambda: sparse_attention(q, swa, comp, plan, sink, W),
+          "hca": lambda: hca_attention(q, swa, comp, plan, sink, W, ratio)}[mode]
+    return nbytes, _time(fn)
+
+
+def bandwidth(dev, B=256, L=32768):
+    """Decode attention at DeepSeek-V4's shape (kernels.shapes.DEEPSEEK_V4), B requests at
+    position L-1: unique KV bytes read per launch / time, and that over the device's peak."""
+    from kernels.shapes import DEEPSEEK_V4 as V4
     props = torch.cuda.get_device_properties(0)
     peak = next((v for n, v in PEAK_BY_NAME.items() if n in props.name), None)
-    res = {"B": B, "L": L, "W": W, "heads": nh, "head_dim": d, "top_k": k,
+    res = {"shape": V4.name, "B": B, "L": L, "W": V4.window, "heads": V4.n_heads,
+           "head_dim": V4.head_dim, "top_k": V4.top_k, "device": props.name,
            "peak_bytes_per_s": peak, "runs": []}
-    for mode, ratio in (("swa", 4), ("sparse", 4), ("hca", 128)):
+    for mode, ratio in (("swa", V4.csa_ratio), ("sparse", V4.csa_ratio), ("hca", V4.hca_ratio)):
         try:
-            q, swa, comp, plan, sink, n_ent = _decode_inputs(dev, B, L, W, nh, d, bs, ratio, k)
-            rows = W + {"swa": 0, "sparse": k, "hca": n_ent}[mode]
-            nbytes = B * rows * d * 4 + 2 * q.numel() * 4
-            fn = {"swa": lambda: swa_attention(q, swa, plan, sink, W),
-                  "sparse": lambda: sparse_attention(q, swa, comp, plan, sink, W),
-                  "hca": lambda: hca_attention(q, swa, comp, plan, sink, W, ratio)}[mode]
-            sec = _time(fn)
+            nbytes, sec = _decode_run(dev, mode, ratio, B, L, V4)
             res["runs"].append({"mode": mode, "seconds": sec, "bytes": nbytes,
-                                "bytes_per_s": nbytes / sec,
-                                "frac_of_peak": (nbytes / sec / peak) if peak else None})
+                                "GB_per_s": round(nbytes / sec / 1e9, 1),
+                                "pct_of_peak": round(100 * nbytes / sec / peak, 1) if peak
+                                else None})
         except Exception as e:   # report and go on: one failure must not hide the rest
             res["runs"].append({"mode": mode, "error": f"{type(e).__name__}: {e}"[:500]})
+        torch.cuda.empty_cache()
     return res
 
 
 def kernel_graph_check(dev):
     """A decode step of the kernels captured as a CUDA graph behind GuardedGraph."""
     from kernels import GuardedGraph, LaunchRefused, hca_attention, index_topk, sparse_attention
-    B, L, W, nh, d, bs, k = 64, 4096, 128, 16, 64, 16, 64
-    q, swa, comp, plan, sink, n_ent = _decode_inputs(dev, B, L, W, nh, d, bs, 4, k)
-    keys = torch.randn(comp.shape[0], comp.shape[1], 16, device=dev)
-    iq, iw = torch.randn(B, 4, 16, device=dev), torch.randn(B, 4, device=dev)
+    from kernels.shapes import DEEPSEEK_V4 as V4, decode_inputs
+    B, L, W, m = 64, 4096, V4.window, V4.csa_ratio
+    q, swa, comp, plan, sink, n_ent = decode_inputs(V4, B, L, m, dev)
+    keys = torch.randn(comp.shape[0], comp.shape[1], V4.idx_dim, device=dev)
+    iq = torch.randn(B, V4.idx_heads, V4.idx_dim, device=dev)
+    iw = torch.randn(B, V4.idx_heads, device=dev)
     outs = {}
 
     def step(pool):
-        index_topk(iq, iw, keys, plan, 4)
+        index_topk(iq, iw, keys, plan, m)
         outs["sparse"] = sparse_attention(q, swa, pool, plan, sink, W)
-        outs["hca"] = hca_attention(q, swa, pool, plan, sink, W, 4)
+        outs["hca"] = hca_attention(q, swa, pool, plan, sink, W, m)
 
     def capture(pool):
         step(pool)                        # compile + warm up outside the capture
@@ -248,7 +243,7 @@ def cpu_smoke():
     dev = torch.device("cpu")
     torch.set_num_threads(1)
     out = _run_parts((
-        ("kernels", lambda: check_kernels(dev, dot_path=False)),
+        ("kernels", lambda: check_kernels(dev, dot_path=False, shapes=kernel_shapes()[:1])),
         ("model", lambda: check_model(dev, True, lengths=[5, 10], span=4, greedy=(9, 12, 2))),
         ("decode_graph", lambda: decode_graph_check(dev, "torch", new_tokens=4))))
     out["ok"] = (isinstance(out["kernels"], list)
@@ -260,41 +255,57 @@ def cpu_smoke():
     return out
 
 
+def no_cuda():
+    """Why this machine cannot run the GPU check, as the one JSON object the script prints."""
+    return {"ok": False, "cuda_available": False, "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "error": "no CUDA device: torch.cuda.is_available() is False; run on a CUDA "
+                     "machine (or --cpu for the CPU-safe parts, `hybridkv check-kernels "
+                     "--compile sm_80,sm_90` to compile the kernels without a GPU)"}
+
+
+def gpu_ok(out):
+    """The acceptance rule over the parts' results (a part that raised has an "error")."""
+    graph, bw = out["graph"], out["bandwidth"]
+    return (isinstance(out["kernels"], list)
+            and all(k["max_abs_err"] <= k["tol"] for k in out["kernels"])
+            and out["model"].get("grid_mismatches") == 0
+            and out["model"].get("greedy_ok") is True
+            and out["model"].get("backend_max_abs_diff", 1) <= 1e-4
+            and graph.get("relocated_replay_refused") is True
+            and graph.get("replay_vs_eager_max_abs_err", 1) <= 1e-5
+            and graph.get("recaptured_replay_max_abs_err", 1) <= 1e-5
+            and _decode_graph_ok(out["decode_graph"]) and out["decode_graph"].get("cuda") is True
+            and bool(bw.get("runs")) and all("error" not in r for r in bw["runs"]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="smaller grid and batch")
+    ap.add_argument("--json", action="store_true", help="the JSON object on one line")
+    ap.add_argument("--full-grid", action="store_true",
+                    help="the full resume grid (default: the quick one, to stay under 5 min)")
     ap.add_argument("--cpu", action="store_true", help="only the CPU-safe parts, on the CPU")
     args = ap.parse_args(argv)
     if args.cpu:
         out = cpu_smoke()
-        print(json.dumps(out) if args.json else json.dumps(out, indent=1))
-        return 0 if out["ok"] else 1
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "no CUDA device"}))
-        return 2
-    dev = torch.device("cuda")
-    out = {"device": torch.cuda.get_device_name(0)}
-    t0 = time.perf_counter()
-    out.update(_run_parts((
-        ("kernels", lambda: check_kernels(dev)),
-        ("model", lambda: check_model(dev, args.quick)),
-        ("bandwidth", lambda: bandwidth(dev, args.quick)),
-        ("graph", lambda: kernel_graph_check(dev)),
-        ("decode_graph", lambda: decode_graph_check(dev)))))
-    out["seconds"] = round(time.perf_counter() - t0, 1)
-    ok = (isinstance(out["kernels"], list)
-          and all(k["max_abs_err"] <= k["tol"] for k in out["kernels"])
-          and out["model"].get("grid_mismatches") == 0
-          and out["model"].get("greedy_ok") is True
-          and out["model"].get("backend_max_abs_diff", 1) <= 1e-4
-          and out["graph"].get("relocated_replay_refused") is True
-          and out["graph"].get("replay_vs_eager_max_abs_err", 1) <= 1e-5
-          and _decode_graph_ok(out["decode_graph"]) and out["decode_graph"].get("cuda") is True
-          and all("error" not in r for r in out["bandwidth"].get("runs", [{"error": 1}])))
-    out["ok"] = ok
+    elif not torch.cuda.is_available():
+        out = no_cuda()
+    else:
+        dev = torch.device("cuda")
+        out = {"device": torch.cuda.get_device_name(0)}
+        t0 = time.perf_counter()
+        out.update(_run_parts((
+            ("kernels", lambda: check_kernels(dev)),
+            ("model", lambda: check_model(dev, not args.full_grid)),
+            ("bandwidth", lambda: bandwidth(dev)),
+            ("graph", lambda: kernel_graph_check(dev)),
+            ("decode_graph", lambda: decode_graph_check(dev)))))
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+        out["ok"] = gpu_ok(out)
     print(json.dumps(out) if args.json else json.dumps(out, indent=1))
-    return 0 if ok else 1
+    if "cuda_available" in out:
+        return 2
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":

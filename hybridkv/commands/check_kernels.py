@@ -1,6 +1,10 @@
 """`hybridkv check-kernels`: every kernel against its torch reference, then the resume grid
 (hybridkv.model.resume: warm == cold through the CacheManager, bitwise) and a greedy
-generation cold vs resumed, per backend.  Exit status 1 on any mismatch."""
+generation cold vs resumed, per backend.  Exit status 1 on any mismatch.
+
+`hybridkv check-kernels --compile sm_80,sm_90`: instead, every kernel compiled ahead of time
+(kernels.aot, no GPU needed) for those GPUs at V4-mini's shapes and DeepSeek-V4's; one row per
+kernel, target and shape; exit status 1 if any does not compile or does not fit the device."""
 import json
 import sys
 import time
@@ -24,6 +28,61 @@ def add_arguments(parser):
                         help="tokens each resumed request computes (default 12; 6 on the "
                              "triton subset)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", metavar="TARGETS", default=None,
+                        help="compile every kernel for these GPUs (e.g. sm_80,sm_90) instead "
+                             "of running the checks; no GPU needed")
+    parser.add_argument("--shapes", default=",".join(SHAPES), metavar="NAMES",
+                        help=f"shapes to compile at (--compile): {', '.join(SHAPES)}")
+
+
+SHAPES = ("v4-mini", "deepseek-v4")
+
+
+def v4_mini_shape():
+    """The kernel shape V4Mini's launches have: its config, and the rows per block of the pools
+    its CacheManager hands the kernels (a CSA layer has every pool kind)."""
+    from hybridkv.model import V4Mini
+    from hybridkv.model.resume import MAX_LEN, make_cache
+    from kernels.shapes import KernelShape
+    model = V4Mini(seed=0)
+    c = model.cfg
+    pools = make_cache(model, [c.window]).layer_pools(c.layers.index("csa"))
+    return KernelShape("v4-mini", c.n_heads, c.head_dim, c.idx_heads, c.idx_dim, c.window,
+                       c.csa_ratio, c.hca_ratio, c.top_k, swa_rows=pools["swa"]["kv"].shape[1],
+                       comp_rows=pools["comp"]["kv"].shape[1], max_pos=MAX_LEN - 1)
+
+
+def run_compile(args):
+    """The --compile table (or its JSON: {"compiled": [rows], "ok": ...})."""
+    from kernels.aot import AotUnavailable, compile_in_subprocess, parse_targets
+    from kernels.shapes import DEEPSEEK_V4
+    known = {"v4-mini": v4_mini_shape, "deepseek-v4": lambda: DEEPSEEK_V4}
+    try:
+        targets = parse_targets(args.compile)
+        names = [n.strip() for n in args.shapes.split(",")]
+        if set(names) - set(known):
+            raise ValueError(f"unknown shape in {args.shapes!r}; known: {', '.join(known)}")
+        rows = compile_in_subprocess([known[n]() for n in names], targets)
+    except (ValueError, AotUnavailable) as e:
+        print(json.dumps({"compiled": [], "ok": False, "error": str(e)}) if args.json
+              else f"check-kernels --compile: {e}", file=sys.stdout if args.json else sys.stderr)
+        return 2
+    ok = all(r["ok"] for r in rows)
+    if args.json:
+        print(json.dumps({"compiled": rows, "ok": ok}))
+        return 0 if ok else 1
+    print(f"{'kernel':<17}{'target':<7}{'shape':<12}{'ok':<4}{'regs':>5}{'shared':>8}"
+          f"{'spills':>8}{'secs':>7}")
+    for r in rows:
+        if "registers" in r:
+            mark = "yes" if r["ok"] else "NO"
+            print(f"{r['kernel']:<17}{r['target']:<7}{r['shape']:<12}{mark:<4}"
+                  f"{r['registers']:>5}{r['shared_bytes']:>8}{r['spill_bytes']:>8}"
+                  f"{r['seconds']:>7}")
+        if not r["ok"]:
+            print(f"  {r['kernel']} {r['shape']} {r['target']}: {r['error']}")
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 def _lengths(cfg, grid, backend):
@@ -56,6 +115,8 @@ def run_grid(backend, grid="default", seed=0, span=None):
 
 
 def run(args):
+    if args.compile:
+        return run_compile(args)
     from kernels.selfcheck import default_cases
 
     threads = torch.get_num_threads()

@@ -13,7 +13,7 @@ from kernels.attention import attention, attention_ref
 from kernels.compressor import compress
 from kernels.selfcheck import (ATOL, attention_case, check_attention, check_compress_batch,
                                check_compressor, check_indexer, compress_batch_case,
-                               compressor_case, indexer_case)
+                               compressor_case, indexer_case, shape_cases)
 
 FAST = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -168,3 +168,45 @@ def test_compress_batch_deep(p):
 @given(idx_st)
 def test_indexer_deep(p):
     assert _idx(p).max_abs_err <= ATOL
+
+
+@pytest.mark.parametrize("mode,ratio", [("swa", 4), ("sparse", 4), ("hca", 8)])
+def test_head_tiles_at_head_dim_512(mode, ratio):
+    """D = 512 (DeepSeek-V4): 32 heads run as two 16-head programs per query, the window in
+    16-row tiles (kernels.plan.TILE), the tl.dot path on."""
+    c = attention_case(13, mode, 32, 512, 8, 4, 40, [(45, 2)], ratio, top_k=16)
+    assert check_attention(c).max_abs_err <= ATOL
+
+
+@pytest.mark.parametrize("ratio,ov,d", [(128, 0, 128), (16, 16, 512)])
+def test_compressor_column_tiles(ratio, ov, d):
+    """[rows, D] beyond one tile: the feature columns are pooled in several programs."""
+    c = compressor_case(17, ratio, ov, d, 2, ratio - 3, ratio + 5)
+    assert check_compressor(c).max_abs_err <= ATOL
+
+
+@pytest.mark.parametrize("ni,di", [(4, 64), (16, 16)])
+def test_indexer_entry_tiles(ni, di):
+    """A score row of 128 entries written a tile at a time (the [NI, T, DI] product, and the
+    tl.dot path), then read back whole for the top-k."""
+    c = indexer_case(19, ni, di, 8, [(300, 2), (257, 1)], 16, quant=True)
+    assert check_indexer(c).max_abs_err <= ATOL
+
+
+def _shape_case_errors(shape):
+    return [check(case) for check, case in shape_cases(shape)]
+
+
+def test_every_kernel_at_v4_mini_shape():
+    """selfcheck.shape_cases (what scripts/gpu_check.py runs on the GPU) at V4-mini's shape."""
+    from hybridkv.commands.check_kernels import v4_mini_shape
+    errs = _shape_case_errors(v4_mini_shape())
+    assert len(errs) == 10 and all(e.max_abs_err <= ATOL for e in errs), errs
+
+
+@pytest.mark.slow
+def test_every_kernel_at_deepseek_v4_shape():
+    """Head dim 512, 64 heads, indexer 64 x 128 selecting 512 at position 8191 (~20 s)."""
+    from kernels.shapes import DEEPSEEK_V4
+    errs = _shape_case_errors(DEEPSEEK_V4)
+    assert len(errs) == 10 and all(e.max_abs_err <= ATOL for e in errs), errs

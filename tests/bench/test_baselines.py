@@ -127,7 +127,7 @@ def test_conversation_trace_reference_numbers():
     """The trace README's block-level numbers at 10k blocks (LRU 21.1%, Belady 36.6%)."""
     from hybridkv.bench.shipped import trace_path
     from hybridkv.bench.traces import read_mooncake
-    tr = read_mooncake(trace_path("mooncake-conversation"))
+    tr = read_mooncake(trace_path("mooncake-conversation"), strict=True)
     lru = replay(tr, LRUManager(FULL, 10000), FULL)
     ours = replay(tr, PolicyManager(FULL, 10000), FULL)
     acc = flatten(tr.keys(r) for r in tr.requests)

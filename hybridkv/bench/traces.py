@@ -40,6 +40,7 @@ TIMESTAMP_UNITS = ("auto", "ms", "ns")
 NS_PER_MS = 1_000_000
 NS_MIN_TIMESTAMP = 10**13      # timestamp_unit: a last timestamp this large is in ns
 NS_MIN_SPAN = 10**10           # timestamp_unit: a span this large is in ns
+MAX_TIMESTAMP = 2**63          # an int timestamp at or above it is refused (int64 ns: year 2262)
 
 
 class TraceFormatError(ValueError):
@@ -142,9 +143,9 @@ def parse_timestamp(value: object, line_no: int = 0) -> int | float:
                                    line_no)
         text = value.strip()
         number = int(text) if text.isdigit() else float(text)
-    if isinstance(number, bool) or not isinstance(number, (int, float)) \
-            or not math.isfinite(number) or number < 0:
-        raise TraceFormatError("timestamp must be a finite number >= 0 (int, float or numeric "
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0 \
+            or not (number < MAX_TIMESTAMP if isinstance(number, int) else math.isfinite(number)):
+        raise TraceFormatError("timestamp must be a number in [0, 2**63) (int, float or numeric "
                                "string)", value, line_no)
     return number
 

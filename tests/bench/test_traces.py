@@ -165,8 +165,9 @@ def test_explicit_timestamp_unit_overrides_the_rule(tmp_path):
     assert ei.value.value == "seconds"
 
 
-@pytest.mark.parametrize("stamp", ["12ms", "", "-3", "1_000", "nan", "inf", float("nan"), True,
-                                   None, [1], "\u0661"])
+@pytest.mark.parametrize("stamp", ["12ms", "", "-3", "1_000", "nan", "inf", "1e400",
+                                   float("nan"), True, None, [1], "\u0661", 2**63,
+                                   str(10**400)])
 def test_bad_timestamp_named_error_with_value(tmp_path, stamp):
     path = _write(tmp_path / "bad.jsonl", [ROWS[0], {**ROWS[1], "timestamp": stamp}])
     with pytest.raises(TraceFormatError) as ei:

@@ -5,6 +5,13 @@ names the whole prefix up to and including its block, so equal ids at the same p
 requests mean a shareable prefix (Mooncake FAST'25 format, 512-token blocks). `tenant` salts the
 ids of a request; ids of different tenants never collide in `Trace.keys()`.
 
+Traces in the wild. A timestamp is an int, a float or a numeric string; a trace's timestamps are
+milliseconds or nanoseconds, decided once per trace by magnitude (`timestamp_unit`) unless the
+unit is given, and `Request.timestamp_ms` is always milliseconds. When a request's hash-id count
+disagrees with ceil(input_length / block_size) (public traces whose ids are approximate), the ids
+decide its blocks: its input length is moved into the range they cover (`reconciled_length`) and
+the request is listed in `Trace.reconciled`; strict reading refuses (HashIdCountMismatch).
+
 `block_size` is the number of tokens one hash id stands for: 512 in the Mooncake traces, 16-64 in
 other public traces (`hybridkv replay --block-tokens N`); a request's last block holds the rest of
 its input (input_length need not be a multiple of it).
@@ -21,6 +28,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
@@ -28,6 +36,11 @@ import numpy as np
 
 DEFAULT_BLOCK_SIZE = 512
 DEFAULT_VOCAB = 32_000
+TIMESTAMP_UNITS = ("auto", "ms", "ns")
+NS_PER_MS = 1_000_000
+NS_MIN_TIMESTAMP = 10**13      # timestamp_unit: a last timestamp this large is in ns
+NS_MIN_SPAN = 10**10           # timestamp_unit: a span this large is in ns
+MAX_TIMESTAMP = 2**63          # an int timestamp at or above it is refused (int64 ns: year 2262)
 
 
 class TraceFormatError(ValueError):
@@ -41,8 +54,19 @@ class TraceFormatError(ValueError):
         self.line_no = line_no
 
 
+class HashIdCountMismatch(TraceFormatError):
+    """Strict reading: a request's hash-id count is not ceil(input_length / block_size).
+    Carries the ids as `value`, and `input_length`, `block_size`, `line_no`."""
+
+    def __init__(self, ids: list, input_length: int, block_size: int, line_no: int = 0):
+        super().__init__(f"len(hash_ids)={len(ids)} != ceil(input_length={input_length} / "
+                         f"{block_size})", ids, line_no)
+        self.input_length = input_length
+        self.block_size = block_size
+
+
 class Request(NamedTuple):
-    timestamp_ms: int
+    timestamp_ms: int | float
     input_length: int
     output_length: int
     hash_ids: tuple
@@ -62,6 +86,10 @@ class Trace:
     name: str
     requests: tuple
     block_size: int = DEFAULT_BLOCK_SIZE
+    timestamp_unit: str = "ms"        # the unit the file's timestamps were read in
+    # (index, input length as read) of each request whose hash-id count disagreed with its
+    # input length; its input_length was moved to the ids (traces.reconciled_length)
+    reconciled: tuple = ()
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -86,7 +114,13 @@ class Trace:
             return self
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TraceFormatError("limit must be a non-negative int", n)
-        return Trace(self.name, self.requests[:n], self.block_size)
+        return Trace(self.name, self.requests[:n], self.block_size, self.timestamp_unit,
+                     tuple((i, n_read) for i, n_read in self.reconciled if i < n))
+
+    def reconciled_tokens(self) -> tuple:
+        """(prompt tokens added, prompt tokens removed) by moving input lengths to the ids."""
+        deltas = [self.requests[i].input_length - n_read for i, n_read in self.reconciled]
+        return sum(d for d in deltas if d > 0), -sum(d for d in deltas if d < 0)
 
 
 def _check_int(obj: dict, key: str, line_no: int, minimum: int = 0) -> int:
@@ -96,29 +130,77 @@ def _check_int(obj: dict, key: str, line_no: int, minimum: int = 0) -> int:
     return v
 
 
-def parse_request(line: str, line_no: int = 0, block_size: int = DEFAULT_BLOCK_SIZE) -> Request:
-    """One Mooncake JSONL line -> Request. Raises TraceFormatError on any malformed field,
-    including len(hash_ids) != ceil(input_length / block_size)."""
+_NUMERIC = re.compile(r"\s*(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", re.ASCII)
+
+
+def parse_timestamp(value: object, line_no: int = 0) -> int | float:
+    """A trace timestamp as written: an int, a float or a numeric string ("1718000000123456789",
+    "12.5", "3e9"), finite and >= 0. Its unit is decided per trace (`timestamp_unit`)."""
+    number = value
+    if isinstance(value, str):
+        if not _NUMERIC.fullmatch(value):
+            raise TraceFormatError("timestamp string is not a non-negative number", value,
+                                   line_no)
+        text = value.strip()
+        number = int(text) if text.isdigit() else float(text)
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0 \
+            or not (number < MAX_TIMESTAMP if isinstance(number, int) else math.isfinite(number)):
+        raise TraceFormatError("timestamp must be a number in [0, 2**63) (int, float or numeric "
+                               "string)", value, line_no)
+    return number
+
+
+def timestamp_unit(first: float, last: float) -> str:
+    """The unit of a trace's timestamps, decided once per trace from its first and last one:
+    "ns" when the last is >= NS_MIN_TIMESTAMP (10**13: as ms that is the year 2286, as ns 2.8
+    hours) or the span last - first is >= NS_MIN_SPAN (10**10: as ms 115 days, as ns 10 s);
+    else "ms". Epoch and relative ms traces read as ms; epoch ns traces and relative ns traces
+    spanning 10 s or more read as ns (shorter relative ns traces need `unit="ns"`)."""
+    return "ns" if last >= NS_MIN_TIMESTAMP or last - first >= NS_MIN_SPAN else "ms"
+
+
+def reconciled_length(input_length: int, num_ids: int, block_size: int) -> int:
+    """The input length moved into the range that `num_ids` ids of `block_size` tokens cover,
+    [(num_ids - 1) * block_size + 1, num_ids * block_size]: the ids decide the blocks, the
+    length changes as little as it must (unchanged when the count agrees)."""
+    return min(max(input_length, (num_ids - 1) * block_size + 1), num_ids * block_size)
+
+
+class TraceLine(NamedTuple):
+    """One request as read from a line: the timestamp in the file's unit, the request (its
+    timestamp_ms is filled in once the trace's unit is known), and the input length the line
+    gave (it differs from request.input_length when the ids decided the length)."""
+    timestamp: int | float
+    request: Request
+    input_length_read: int
+
+
+def parse_request(line: str, line_no: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
+                  strict: bool = False) -> TraceLine:
+    """One Mooncake JSONL line -> TraceLine. Raises TraceFormatError on any malformed field.
+    When len(hash_ids) != ceil(input_length / block_size) the ids are used and the length is
+    moved to them (`reconciled_length`); `strict` refuses instead (HashIdCountMismatch)."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceFormatError("not JSON", line.strip()[:80], line_no) from e
     if not isinstance(obj, dict):
         raise TraceFormatError("line is not a JSON object", obj, line_no)
-    ts = _check_int(obj, "timestamp", line_no)
+    ts = parse_timestamp(obj.get("timestamp"), line_no)
     n_in = _check_int(obj, "input_length", line_no, minimum=1)
     n_out = _check_int(obj, "output_length", line_no)
     ids = obj.get("hash_ids")
-    if not isinstance(ids, list) or not all(
+    if not isinstance(ids, list) or not ids or not all(
             isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids):
-        raise TraceFormatError("hash_ids must be a list of non-negative ints", ids, line_no)
-    if len(ids) != math.ceil(n_in / block_size):
-        raise TraceFormatError(
-            f"len(hash_ids)={len(ids)} != ceil(input_length={n_in} / {block_size})", ids, line_no)
+        raise TraceFormatError("hash_ids must be a non-empty list of non-negative ints", ids,
+                               line_no)
+    if strict and len(ids) != math.ceil(n_in / block_size):
+        raise HashIdCountMismatch(ids, n_in, block_size, line_no)
     tenant = obj.get("tenant", "")
     if not isinstance(tenant, str):
         raise TraceFormatError("tenant must be a string", tenant, line_no)
-    return Request(ts, n_in, n_out, tuple(ids), tenant)
+    length = reconciled_length(n_in, len(ids), block_size)
+    return TraceLine(ts, Request(0, length, n_out, tuple(ids), tenant), n_in)
 
 
 def _open_text(path: str):
@@ -129,11 +211,12 @@ def _open_text(path: str):
     return open(path, "rt", encoding="utf-8")
 
 
-def iter_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE,
-                  limit: int | None = None) -> Iterator[Request]:
-    """Yield requests from a Mooncake-format JSONL file, plain or gzip (detected by magic bytes,
-    not by the file name). Blank lines are skipped. Timestamps must not decrease."""
-    last_ts = -1
+def iter_lines(path: str, block_size: int = DEFAULT_BLOCK_SIZE, limit: int | None = None,
+               strict: bool = False) -> Iterator[TraceLine]:
+    """Yield the requests of a Mooncake-format JSONL file as read (`parse_request`), plain or
+    gzip (detected by magic bytes, not by the file name). Blank lines are skipped. Timestamps
+    must not decrease."""
+    last_ts: int | float = -1
     n = 0
     with _open_text(path) as f:
         try:
@@ -142,24 +225,37 @@ def iter_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE,
                     return
                 if not line.strip():
                     continue
-                req = parse_request(line, line_no, block_size)
-                if req.timestamp_ms < last_ts:
-                    raise TraceFormatError("timestamps must not decrease", req.timestamp_ms,
+                row = parse_request(line, line_no, block_size, strict)
+                if row.timestamp < last_ts:
+                    raise TraceFormatError("timestamps must not decrease", row.timestamp,
                                            line_no)
-                last_ts = req.timestamp_ms
+                last_ts = row.timestamp
                 n += 1
-                yield req
+                yield row
         except (OSError, EOFError, UnicodeDecodeError) as e:
             raise TraceFormatError("unreadable trace file", path) from e
 
 
-def read_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE,
-                  limit: int | None = None) -> Trace:
-    """Read a whole Mooncake-format trace; see `iter_mooncake`."""
+def read_mooncake(path: str, block_size: int = DEFAULT_BLOCK_SIZE, limit: int | None = None,
+                  strict: bool = False, unit: str = "auto") -> Trace:
+    """Read a whole Mooncake-format trace (see `iter_lines`). Timestamps become milliseconds:
+    `unit` "ms" or "ns", or "auto" for the rule of `timestamp_unit` over the requests read.
+    Requests whose hash-id count disagrees with their input length are listed in
+    `Trace.reconciled` (`strict`: refused with HashIdCountMismatch)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise TraceFormatError("limit must be a non-negative int", limit)
+    if unit not in TIMESTAMP_UNITS:
+        raise TraceFormatError(f"timestamp unit must be one of {TIMESTAMP_UNITS}", unit)
+    rows = list(iter_lines(path, block_size, limit, strict))
+    if unit == "auto":
+        unit = timestamp_unit(rows[0].timestamp, rows[-1].timestamp) if rows else "ms"
+    per_ms = NS_PER_MS if unit == "ns" else 1
+    requests = tuple(r.request._replace(timestamp_ms=r.timestamp / per_ms if per_ms > 1
+                                        else r.timestamp) for r in rows)
+    reconciled = tuple((i, r.input_length_read) for i, r in enumerate(rows)
+                       if r.input_length_read != r.request.input_length)
     name = path.rsplit("/", 1)[-1].split(".")[0]
-    return Trace(name, tuple(iter_mooncake(path, block_size, limit)), block_size)
+    return Trace(name, requests, block_size, unit, reconciled)
 
 
 def _block_array(hash_id: int, tenant: str, n: int, vocab: int) -> np.ndarray:

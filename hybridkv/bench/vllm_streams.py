@@ -19,6 +19,7 @@ import random
 import subprocess
 import sys
 
+from hybridkv.bench.shipped import DEFAULT_TRACE, trace_path
 from hybridkv.bench.traces import DEFAULT_VOCAB, read_mooncake, request_token_ids
 
 VLLM_PYTHON_ENV = "HYBRIDKV_VLLM_PYTHON"
@@ -62,11 +63,12 @@ def tiny_stream(attention: str = "full", mode: str = "serial", seed: int = 0,
     return {**manager_config(attention, mode, **config), "requests": requests}
 
 
-def mooncake_stream(path: str, limit: int = 300, decode_steps: int = 4,
+def mooncake_stream(trace_spec: str, limit: int = 300, decode_steps: int = 4,
                     attention: str = "full", mode: str = "serial", **config) -> dict:
-    """The first `limit` requests of a Mooncake-format trace (512-token hash blocks), expanded to
-    token ids as the hybridkv replay does, each decoding `decode_steps` steps."""
-    trace = read_mooncake(path, limit=limit)
+    """The first `limit` requests of a Mooncake-format trace (512-token hash blocks; a shipped
+    trace's name or a path, shipped.trace_path), expanded to token ids as the hybridkv replay
+    does, each decoding `decode_steps` steps."""
+    trace = read_mooncake(trace_path(trace_spec), limit=limit)
     requests = [{"id": f"m{i}", "prompt": request_token_ids(trace, req),
                  "decode_steps": decode_steps} for i, req in enumerate(trace.requests)]
     return {**manager_config(attention, mode, **config), "requests": requests}
@@ -104,6 +106,23 @@ def find_vllm_python() -> str | None:
     return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
 
 
+def vllm_import_failure(python: str, timeout_s: float = 300) -> str | None:
+    """None when `python` imports vllm (isolated, as run_vllm_side runs it); else why not: the
+    exit status and the last line of stderr (e.g. "ModuleNotFoundError: No module named
+    'vllm'"), or the timeout."""
+    try:
+        proc = subprocess.run([python, "-I", "-c", "import vllm"], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"{python} -I -c 'import vllm' did not finish in {timeout_s} s"
+    except OSError as e:
+        return f"{python} cannot run: {e}"
+    if proc.returncode == 0:
+        return None
+    last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+    return f"{python} cannot import vllm (exit {proc.returncode}): {last}"
+
+
 def run_vllm_side(python: str, stream_path: str, timeout_s: float = 600) -> dict:
     """Run vllm_side.py on a stream under `python` (isolated: no PYTHONPATH, no script folder on
     sys.path) and return its JSON. Raises RuntimeError with stderr's tail on failure."""
@@ -128,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retention-interval", type=int, default=512)
     parser.add_argument("--max-model-len", type=int, default=200_000)
     parser.add_argument("--warmup", type=int, default=0)
-    parser.add_argument("--trace", default="/work/shared/traces/mooncake_conversation/"
-                                           "conversation_trace.jsonl.gz")
+    parser.add_argument("--trace", default=DEFAULT_TRACE,
+                        help="a shipped trace's name or a Mooncake JSONL file")
     parser.add_argument("--limit", type=int, default=300, help="mooncake: first N requests")
     parser.add_argument("--decode-steps", type=int, default=None,
                         help="default 4 (mooncake), 256 (decode), 20 (tiny)")

@@ -57,7 +57,6 @@ import time
 
 from hybridkv.bench import vllm_streams
 
-DEFAULT_TRACE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
 DEFAULT_BUDGET_MIB = 256
 STREAMS = ("mooncake", "decode", "tiny")
 PAIRINGS = ("v4-mini", "full")
@@ -194,10 +193,12 @@ def run_hybridkv_side(stream_path: str, timeout_s: float = 600) -> dict:
 
 
 def vllm_status() -> tuple:
-    """(python or None, reason it is skipped or None)."""
+    """(python or None, reason it is skipped or None): skipped when there is no vLLM python, or
+    when it cannot import vllm."""
     python = vllm_streams.find_vllm_python()
     if python is not None:
-        return python, None
+        failure = vllm_streams.vllm_import_failure(python)
+        return (python, None) if failure is None else (None, f"vLLM python unusable: {failure}")
     env = os.environ.get(vllm_streams.VLLM_PYTHON_ENV)
     where = (f"${vllm_streams.VLLM_PYTHON_ENV}={env!r} is not an executable file" if env else
              f"${vllm_streams.VLLM_PYTHON_ENV} is unset and "

@@ -19,7 +19,6 @@ HELP = ("benchmarks: `bench vs-vllm` = hybridkv vs vLLM's KV cache manager per c
         "`bench allocator` = CacheManager ops/s (checked off/on, guards stubbed); "
         "`bench one-memory` = KV bytes held by requests sharing a prefix, bytes copied per "
         "hit, engine decode tokens/s at batch 1 vs 8")
-DEFAULT_TRACE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
 
 
 def _names(choices):
@@ -47,9 +46,12 @@ def _ints(n):
 
 
 def add_arguments(p) -> None:
+    from hybridkv.bench.shipped import DEFAULT_TRACE, NAMED_TRACES
     from hybridkv.bench.vs_vllm import DEFAULT_BUDGET_MIB, PAIRINGS, STREAMS
     p.add_argument("what", choices=("vs-vllm", "allocator", "one-memory"))
-    p.add_argument("--trace", default=DEFAULT_TRACE, help="Mooncake JSONL (plain or .gz)")
+    p.add_argument("--trace", default=DEFAULT_TRACE,
+                   help="a shipped trace (" + ", ".join(NAMED_TRACES) + "; default "
+                        f"{DEFAULT_TRACE}) or a Mooncake JSONL file (plain or .gz)")
     p.add_argument("--limit", type=int, default=300,
                    help="Mooncake requests (vs-vllm: the mooncake stream; allocator: per mode)")
     p.add_argument("--checked-limit", type=int, default=20,
@@ -128,6 +130,21 @@ def run_mode(prompts, num_blocks, checked=False):
             "transitions": sum(m.metrics.transitions.values())}
 
 
+def trace_file(spec: str) -> str | None:
+    """The file of --trace (a shipped trace's name or a path); None, with the reason on stderr,
+    when there is none."""
+    from hybridkv.bench.shipped import ShippedTraceMissing, trace_path
+    try:
+        path = trace_path(spec)
+    except ShippedTraceMissing as e:
+        print(e, file=sys.stderr)
+        return None
+    if not os.path.isfile(path):
+        print(f"no such trace file: {spec}", file=sys.stderr)
+        return None
+    return path
+
+
 def run(args) -> int:
     if args.what == "vs-vllm":
         return run_vs_vllm(args)
@@ -164,9 +181,10 @@ def run_one_memory(args) -> int:
 
 def run_vs_vllm(args) -> int:
     from hybridkv.bench import vs_vllm
-    if "mooncake" in args.streams and not os.path.isfile(args.trace):
-        print(f"no such trace file: {args.trace}", file=sys.stderr)
-        return 2
+    if "mooncake" in args.streams:
+        args.trace = trace_file(args.trace)
+        if args.trace is None:
+            return 2
     if min(args.limit, args.rounds, args.decode_requests, args.checked_limit,
            args.refusal_reps) <= 0 or \
             min(args.decode_steps, args.decode_len) < 0 or args.budget_mib <= 0:
@@ -188,8 +206,8 @@ def run_vs_vllm(args) -> int:
 
 def run_allocator(args) -> int:
     from hybridkv.bench.traces import TraceFormatError, read_mooncake, request_token_ids
-    if not os.path.isfile(args.trace):
-        print(f"no such trace file: {args.trace}", file=sys.stderr)
+    args.trace = trace_file(args.trace)
+    if args.trace is None:
         return 2
     if args.limit <= 0 or args.num_blocks <= 0:
         print("--limit and --num-blocks must be positive", file=sys.stderr)

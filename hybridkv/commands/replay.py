@@ -1,6 +1,7 @@
 """`hybridkv replay TRACE|synthetic`: replay a serving trace through the real CacheManager (ours),
 the vLLM-style LRU baseline and Belady's MIN, at one capacity (or a 1k/10k/100k sweep with
---plot)."""
+--plot). TRACE is a shipped trace's name (bench.shipped.NAMED_TRACES: mooncake-conversation,
+mooncake-synthetic) or a path; how timestamps and hash ids are read: bench/traces.py."""
 from __future__ import annotations
 
 import json
@@ -28,13 +29,22 @@ def vllm_status() -> dict:
 
 def add_arguments(p) -> None:
     from hybridkv.bench.runtime import CHUNK_TOKENS, LAYOUT_NAMES
-    p.add_argument("trace", help="Mooncake-format JSONL file (plain or .gz), or 'synthetic'")
+    from hybridkv.bench.shipped import NAMED_TRACES
+    from hybridkv.bench.traces import TIMESTAMP_UNITS
+    p.add_argument("trace", help="a shipped trace (" + ", ".join(NAMED_TRACES) + "), "
+                   "'synthetic', or a Mooncake-format JSONL file (plain or .gz)")
     p.add_argument("--layout", default="full", choices=LAYOUT_NAMES)
     p.add_argument("--capacity-blocks", type=int, default=10000,
                    help="cache size in 512-token blocks of the layout's chain bytes")
     p.add_argument("--block-tokens", type=int, default=512, metavar="N",
                    help="tokens each hash id of the trace stands for (Mooncake: 512)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--timestamp-unit", choices=TIMESTAMP_UNITS, default="auto",
+                   help="unit of the trace's timestamps (auto: ns when the last timestamp is "
+                        ">= 1e13 or the span >= 1e10, else ms)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a request whose hash-id count is not "
+                        "ceil(input_length / block tokens) (default: use the ids, count them)")
     p.add_argument("--synthetic-requests", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator")
     p.add_argument("--every-n", type=int, default=None, metavar="TOKENS",
@@ -62,16 +72,31 @@ class ReplayArgumentError(ValueError):
 
 
 def load_trace(spec: str, limit=None, synthetic_requests: int = 4000, seed: int = 0,
-               block_tokens: int = 512):
+               block_tokens: int = 512, strict: bool = False, unit: str = "auto"):
+    """'synthetic', a shipped trace's name or a path -> Trace (bench.traces.read_mooncake)."""
+    from hybridkv.bench.shipped import NAMED_TRACES, trace_path
     from hybridkv.bench.traces import TraceFormatError, read_mooncake, synthetic_trace
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise TraceFormatError("block tokens must be an int >= 1", block_tokens)
     if spec == "synthetic":
         return synthetic_trace(synthetic_requests, seed=seed,
                                block_size=block_tokens).head(limit)
-    if not os.path.isfile(spec):
-        raise TraceFormatError("no such trace file", spec)
-    return read_mooncake(spec, block_size=block_tokens, limit=limit)
+    path = trace_path(spec)
+    if not os.path.isfile(path):
+        raise TraceFormatError("no such trace file (nor a trace name: synthetic, "
+                               + ", ".join(NAMED_TRACES) + ")", spec)
+    return read_mooncake(path, block_size=block_tokens, limit=limit, strict=strict, unit=unit)
+
+
+def reading_report(trace) -> dict:
+    """How the trace was read: the timestamps' unit and span, and the requests whose hash-id
+    count disagreed with their input length (their lengths were moved to the ids)."""
+    stamps = [r.timestamp_ms for r in trace.requests]
+    added, removed = trace.reconciled_tokens()
+    return {"timestamp_unit": trace.timestamp_unit,
+            "span_s": (stamps[-1] - stamps[0]) / 1000 if stamps else 0.0,
+            "hash_id_count_mismatches": len(trace.reconciled),
+            "reconciled_tokens_added": added, "reconciled_tokens_removed": removed}
 
 
 def runtime_options(args) -> dict:
@@ -136,6 +161,12 @@ def _text(r: dict) -> str:
     b = r["belady"]
     lines.append(f"{'belady':8}{b['hit_rate']:10.4f}{b['block_hit_rate']:9.4f}")
     lines.append(f"{'bound':8}{r['engine_bound']:10.4f}   (unbounded cache, engine rule)")
+    rd = r["reading"]
+    lines.append(f"timestamps read in {rd['timestamp_unit']}, span {rd['span_s']:.1f} s; "
+                 f"{rd['hash_id_count_mismatches']} requests with a hash-id count other than "
+                 f"ceil(input_length / {r['block_tokens']}) (lengths moved to the ids: "
+                 f"+{rd['reconciled_tokens_added']} / -{rd['reconciled_tokens_removed']} "
+                 "tokens)")
     lines.append("lru counts hits as an engine uses them (whole blocks, last token computed), "
                  "like ours; lru-blk (lru_trace_blocks) and belady count every cached trace block")
     split = (f"snapshot fraction {rt['snapshot_fraction']}" if rt["snapshot_fraction"] is not None
@@ -157,10 +188,11 @@ def run(args) -> int:
         if args.capacity_blocks < 0:
             raise CapacityError(args.capacity_blocks)
         trace = load_trace(args.trace, args.limit, args.synthetic_requests, args.seed,
-                           args.block_tokens)
+                           args.block_tokens, args.strict, args.timestamp_unit)
         opts = runtime_options(args)
         progress = not args.no_progress and sys.stderr.isatty()
         result = compare(trace, args.layout, args.capacity_blocks, progress, **opts)
+        result["reading"] = reading_report(trace)
         result["vllm"] = vllm_status()
         if args.plot:
             caps = sorted(set(PLOT_CAPACITIES) | {args.capacity_blocks})

@@ -125,12 +125,9 @@ def test_bad_capacity_named_error():
 @pytest.mark.slow
 def test_conversation_trace_reference_numbers():
     """The trace README's block-level numbers at 10k blocks (LRU 21.1%, Belady 36.6%)."""
-    import os
+    from hybridkv.bench.shipped import trace_path
     from hybridkv.bench.traces import read_mooncake
-    path = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
-    if not os.path.exists(path):
-        pytest.skip("trace not present")
-    tr = read_mooncake(path)
+    tr = read_mooncake(trace_path("mooncake-conversation"), strict=True)
     lru = replay(tr, LRUManager(FULL, 10000), FULL)
     ours = replay(tr, PolicyManager(FULL, 10000), FULL)
     acc = flatten(tr.keys(r) for r in tr.requests)

@@ -148,8 +148,38 @@ def test_cli_json_is_one_object_and_block_tokens(tmp_path, capsys):
     assert r["runtime"]["device"] == "meta" and r["runtime"]["refused"] == 0
     assert r["runtime"]["hints"] is True
     assert isinstance(r["vllm"]["skipped"], str)
-    assert _main([path, "--json", "--no-progress"]) == 2             # 69 ids != 1100 / 512
-    assert "TraceFormatError" in json.loads(capsys.readouterr().out)["error"]
+    assert _main([path, "--json", "--no-progress", "--strict"]) == 2  # 69 ids != 1100 / 512
+    assert "HashIdCountMismatch" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_cli_reports_the_timestamp_unit_and_the_reconciled_requests(tmp_path, capsys):
+    """Nanosecond timestamps as strings, and one request whose ids disagree with its length:
+    read, counted and reported; --strict refuses with the named error."""
+    rows = [{"timestamp": "1718000000000000000", "input_length": 1100, "output_length": 1,
+             "hash_ids": [0, 1, 2]},
+            {"timestamp": "1718000002500000000", "input_length": 700, "output_length": 1,
+             "hash_ids": [0, 1, 3]}]                                 # 3 ids, 700 tokens
+    path = tmp_path / "wild.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = [str(path), "--capacity-blocks", "50", "--no-progress"]
+    assert _main(argv + ["--json"]) == 0
+    reading = json.loads(capsys.readouterr().out)["reading"]
+    assert reading == {"timestamp_unit": "ns", "span_s": 2.5, "hash_id_count_mismatches": 1,
+                       "reconciled_tokens_added": 1025 - 700, "reconciled_tokens_removed": 0}
+    assert _main(argv) == 0
+    assert ("timestamps read in ns, span 2.5 s; 1 requests with a hash-id count other than "
+            "ceil(input_length / 512)") in capsys.readouterr().out
+    assert _main(argv + ["--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "HashIdCountMismatch" in err and "line 2" in err and "[0, 1, 3]" in err
+
+
+def test_cli_named_trace_resolves_to_the_shipped_file(capsys):
+    assert _main(["mooncake-synthetic", "--limit", "20", "--capacity-blocks", "200", "--json",
+                  "--no-progress", "--strict"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["trace"] == "synthetic_trace" and r["requests"] == 20
+    assert r["reading"]["timestamp_unit"] == "ms" and r["reading"]["hash_id_count_mismatches"] == 0
 
 
 def test_cli_plot_sweep(tmp_path, capsys):

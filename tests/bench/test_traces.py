@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from hybridkv.bench.traces import (TraceFormatError, block_token_ids, read_mooncake,
-                                   request_token_ids, synthetic_trace)
+from hybridkv.bench.traces import (NS_MIN_SPAN, NS_MIN_TIMESTAMP, HashIdCountMismatch,
+                                   TraceFormatError, block_token_ids, read_mooncake,
+                                   reconciled_length, request_token_ids, synthetic_trace,
+                                   timestamp_unit)
 
 ROWS = [
     {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]},
@@ -48,7 +50,7 @@ def test_plain_and_gzip_read_the_same(tmp_path):
 def test_bad_line_raises_named_error_with_line(tmp_path, bad):
     path = _write(tmp_path / "bad.jsonl", [ROWS[0], bad])
     with pytest.raises(TraceFormatError) as ei:
-        read_mooncake(path)
+        read_mooncake(path, strict=True)
     assert ei.value.line_no == 2
 
 
@@ -117,5 +119,82 @@ def test_block_size_n_and_partial_last_blocks(tmp_path, block):
     assert (len(a), len(b)) == (n_a, n_b) and tr.block_size == block
     assert a[:3 * block] == b[:3 * block] and a[3 * block:] != b[3 * block:3 * block + 5]
     assert tr.block_tokens(tr.requests[0], 3) == 5 and tr.block_tokens(tr.requests[1], 4) == 1
-    with pytest.raises(TraceFormatError):              # 4 ids cannot cover n_a in other units
-        read_mooncake(_write(tmp_path / "n.jsonl", rows), block_size=2 * block)
+    with pytest.raises(HashIdCountMismatch):          # 4 ids cannot cover n_a in other units
+        read_mooncake(_write(tmp_path / "n.jsonl", rows), block_size=2 * block, strict=True)
+
+
+# -- traces in the wild: timestamps -------------------------------------------------------------
+def _stamped(stamps):
+    return [{**ROWS[0], "timestamp": s} for s in stamps]
+
+
+def test_timestamps_as_ints_floats_and_numeric_strings_in_ms(tmp_path):
+    tr = read_mooncake(_write(tmp_path / "ms.jsonl", _stamped([0, 1.5, "3", " 4.25 ", "5e1"])))
+    assert tr.timestamp_unit == "ms"
+    assert [r.timestamp_ms for r in tr.requests] == [0, 1.5, 3, 4.25, 50.0]
+
+
+def test_nanosecond_strings_are_read_as_ns(tmp_path):
+    """Epoch nanoseconds as strings (too large for a float to keep exactly), and relative
+    nanoseconds spanning 20 s: both become milliseconds."""
+    epoch = _stamped(["1718000000000000000", "1718000000500000000"])
+    tr = read_mooncake(_write(tmp_path / "epoch.jsonl", epoch))
+    assert tr.timestamp_unit == "ns"
+    first, second = (r.timestamp_ms for r in tr.requests)
+    assert first == pytest.approx(1.718e12) and second - first == pytest.approx(500.0)
+    rel = read_mooncake(_write(tmp_path / "rel.jsonl", _stamped([0, 20 * 10**9])))
+    assert rel.timestamp_unit == "ns" and [r.timestamp_ms for r in rel.requests] == [0, 20_000]
+
+
+def test_timestamp_unit_rule_by_magnitude():
+    epoch_ms = 1_718_000_000_000
+    assert timestamp_unit(0, 3_536_999) == "ms"                   # Mooncake: 59 min in ms
+    assert timestamp_unit(epoch_ms, epoch_ms + 3_600_000) == "ms"  # epoch ms
+    assert timestamp_unit(0, NS_MIN_SPAN - 1) == "ms"
+    assert timestamp_unit(0, NS_MIN_SPAN) == "ns"                  # 10 s in ns
+    assert timestamp_unit(NS_MIN_TIMESTAMP, NS_MIN_TIMESTAMP) == "ns"
+    assert timestamp_unit(1.718e18, 1.718e18) == "ns"             # epoch ns, one request
+
+
+def test_explicit_timestamp_unit_overrides_the_rule(tmp_path):
+    path = _write(tmp_path / "short_ns.jsonl", _stamped([0, 2_000_000]))
+    assert [r.timestamp_ms for r in read_mooncake(path).requests] == [0, 2_000_000]
+    assert [r.timestamp_ms for r in read_mooncake(path, unit="ns").requests] == [0, 2.0]
+    with pytest.raises(TraceFormatError) as ei:
+        read_mooncake(path, unit="seconds")
+    assert ei.value.value == "seconds"
+
+
+@pytest.mark.parametrize("stamp", ["12ms", "", "-3", "1_000", "nan", "inf", "1e400",
+                                   float("nan"), True, None, [1], "\u0661", 2**63,
+                                   str(10**400)])
+def test_bad_timestamp_named_error_with_value(tmp_path, stamp):
+    path = _write(tmp_path / "bad.jsonl", [ROWS[0], {**ROWS[1], "timestamp": stamp}])
+    with pytest.raises(TraceFormatError) as ei:
+        read_mooncake(path)
+    assert ei.value.line_no == 2
+    assert ei.value.value == stamp or stamp != stamp            # NaN != NaN
+
+
+# -- traces in the wild: hash ids that disagree with the input length ---------------------------
+def test_reconciled_length_moves_the_length_into_the_ids_range():
+    assert reconciled_length(1000, 2, 512) == 1000                # agrees: unchanged
+    assert reconciled_length(1000, 1, 512) == 512                 # too long for 1 id
+    assert reconciled_length(1000, 4, 512) == 3 * 512 + 1        # 4 ids need > 1536 tokens
+
+
+def test_hash_ids_decide_the_blocks_when_the_count_disagrees(tmp_path):
+    rows = [ROWS[0],                                                      # agrees
+            {**ROWS[1], "input_length": 600},                             # 3 ids, 600 tokens
+            {**ROWS[2], "input_length": 2000}]                            # 1 id, 2000 tokens
+    tr = read_mooncake(_write(tmp_path / "approx.jsonl", rows))
+    assert [r.input_length for r in tr.requests] == [1000, 1025, 512]
+    assert [r.hash_ids for r in tr.requests] == [(0, 1), (0, 1, 2), (0,)]
+    assert tr.reconciled == ((1, 600), (2, 2000))
+    assert tr.reconciled_tokens() == (425, 1488)
+    assert all(len(r.hash_ids) == -(-r.input_length // 512) for r in tr.requests)
+    assert len(request_token_ids(tr, tr.requests[1])) == 1025
+    assert tr.head(2).reconciled == ((1, 600),) and tr.head(1).reconciled == ()
+    with pytest.raises(HashIdCountMismatch) as ei:
+        read_mooncake(_write(tmp_path / "approx.jsonl", rows), strict=True)
+    assert (ei.value.line_no, ei.value.value, ei.value.input_length) == (2, [0, 1, 2], 600)

@@ -1,16 +1,15 @@
 """The vLLM side of the side-by-side benchmark: stream generators (always) and
-hybridkv/bench/vllm_side.py run under the separate vLLM environment (skipped when it is absent:
-set HYBRIDKV_VLLM_PYTHON or create ../vllm-venv with scripts/vllm_venv)."""
+hybridkv/bench/vllm_side.py run under the separate vLLM environment (skipped, with the reason,
+when it is absent or cannot import vllm: set HYBRIDKV_VLLM_PYTHON or create ../vllm-venv with
+scripts/vllm_venv)."""
 import ast
 import sys
 
 import pytest
 
-from hybridkv.bench.vllm_streams import (SCRIPT, decode_stream, find_vllm_python,
-                                         mooncake_stream, run_vllm_side, tiny_stream,
-                                         write_stream)
-
-MOONCAKE = "/work/shared/traces/mooncake_conversation/conversation_trace.jsonl.gz"
+from hybridkv.bench.vllm_streams import (SCRIPT, VLLM_PYTHON_ENV, decode_stream,
+                                         find_vllm_python, mooncake_stream, run_vllm_side,
+                                         tiny_stream, vllm_import_failure, write_stream)
 CALL_TYPES = ("lookup", "lookup_excl_hash", "prefill_allocate", "decode_step",
               "decode_step_excl_hash", "decode_step_first", "decode_step_later", "free",
               "new_step_starts")
@@ -51,10 +50,7 @@ def test_decode_stream_half_share_one_prefix():
 
 
 def test_mooncake_stream_lengths():
-    import os
-    if not os.path.exists(MOONCAKE):
-        pytest.skip(f"trace not found: {MOONCAKE}")
-    stream = mooncake_stream(MOONCAKE, limit=3, decode_steps=4)
+    stream = mooncake_stream("mooncake-conversation", limit=3, decode_steps=4)
     lengths = [len(r["prompt"]) for r in stream["requests"]]
     assert lengths == [6758, 7322, 7236]
     # All three start with hash id 0: one shared 512-token block, then different blocks.
@@ -62,11 +58,44 @@ def test_mooncake_stream_lengths():
     assert a[:512] == b[:512] and a[512:1024] != b[512:1024]
 
 
-@pytest.fixture(scope="module")
-def vllm_python():
+def usable_vllm_python() -> tuple:
+    """(python, None) when the vLLM environment imports vllm, else (None, why it is skipped)."""
     python = find_vllm_python()
     if python is None:
-        pytest.skip("vLLM python not found (set HYBRIDKV_VLLM_PYTHON or run scripts/vllm_venv)")
+        return None, "vLLM python not found (set HYBRIDKV_VLLM_PYTHON or run scripts/vllm_venv)"
+    failure = vllm_import_failure(python)
+    return (python, None) if failure is None else (None, failure)
+
+
+def _fake_python(tmp_path, body: str) -> str:
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_vllm_python_without_vllm_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    """An environment that exists but cannot import vllm: a skip naming the import error, not a
+    failure of every vLLM test."""
+    broken = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'vllm'\" >&2; "
+                                    "exit 1")
+    monkeypatch.setenv(VLLM_PYTHON_ENV, broken)
+    python, reason = usable_vllm_python()
+    assert python is None
+    assert broken in reason and "exit 1" in reason and "No module named 'vllm'" in reason
+
+
+def test_a_vllm_python_that_imports_vllm_is_used(tmp_path, monkeypatch):
+    working = _fake_python(tmp_path, 'test "$3" = "import vllm"')
+    monkeypatch.setenv(VLLM_PYTHON_ENV, working)
+    assert usable_vllm_python() == (working, None)
+
+
+@pytest.fixture(scope="module")
+def vllm_python():
+    python, reason = usable_vllm_python()
+    if python is None:
+        pytest.skip(reason)
     return python
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hybridkv.bench import hybridkv_side, vs_vllm
-from hybridkv.bench.vllm_streams import REPO_ROOT, find_vllm_python, tiny_stream, write_stream
+from hybridkv.bench.vllm_streams import REPO_ROOT, tiny_stream, write_stream
 
 TINY_PROMPT, TINY_N, TINY_STEPS = 104, 5, 20
 # r1..r3 reuse the 64-token prefix r0 wrote; r4 repeats r0: all but its last token, aligned down
@@ -259,10 +259,10 @@ def test_cli_bad_arguments():
     assert proc.returncode == 2 and proc.stdout == ""
 
 
-@pytest.mark.skipif(find_vllm_python() is None,
-                    reason="vLLM python not found (set HYBRIDKV_VLLM_PYTHON or run "
-                           "scripts/vllm_venv)")
 def test_cli_tiny_interleaved_ratio_table():
+    python, skipped = vs_vllm.vllm_status()      # absent, or present but without vllm
+    if python is None:
+        pytest.skip(skipped)
     proc = bench("--streams", "tiny", "--pairings", "v4-mini", "--rounds", "2", "--no-extras",
                  "--json", timeout=400)
     assert proc.returncode == 0, proc.stderr

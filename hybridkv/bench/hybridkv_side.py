@@ -53,6 +53,8 @@ import platform
 import sys
 import time
 
+from hybridkv.bench.percentile import nearest_rank, summarize
+
 CALL_TYPES = ("lookup", "lookup_hash", "lookup_excl_hash", "prefill_allocate", "prefill_commit",
               "prefill", "decode_step", "decode_step_first", "decode_step_later", "free")
 VOCAB = 32_000          # vllm_side.VOCAB: decode tokens wrap at it
@@ -267,20 +269,6 @@ def run_decode(driver, specs):
         driver.free(spec["id"])
 
 
-def summarize(samples_ns):
-    """count, p50, p99, mean, max in microseconds (nearest-rank: vllm_side.summarize)."""
-    if not samples_ns:
-        return {"count": 0, "p50": None, "p99": None, "mean": None, "max": None}
-    s = sorted(samples_ns)
-    n = len(s)
-
-    def rank(q):
-        return s[min(n - 1, max(0, -(-q * n // 100) - 1))] / 1000
-
-    return {"count": n, "p50": round(rank(50), 3), "p99": round(rank(99), 3),
-            "mean": round(sum(s) / n / 1000, 3), "max": round(s[-1] / 1000, 3)}
-
-
 def replay(config, hk, requests):
     """Build a manager and drive the stream; returns (driver, cache, setup_s, wall_s)."""
     runner = run_serial if config["mode"] == "serial" else run_decode
@@ -458,7 +446,7 @@ def measure_refusal(cache, prompt, reps, state):
     cache.free(rid)
     times.sort()
     return {"state": state, "error": "/".join(sorted(errors)), "reps": reps,
-            "p50_us": times[len(times) // 2] / 1000, "max_us": times[-1] / 1000,
+            "p50_us": nearest_rank(times, 50) / 1000, "max_us": times[-1] / 1000,
             "unchanged": unchanged, "cache_kv_bytes_held": before[0]["kv_bytes_held"]}
 
 

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from hybridkv.bench.baselines import belady, check_capacity, engine_rule_bound, flatten
 from hybridkv.bench.layouts import BLOCK, LayoutCost, get_layout
 from hybridkv.bench.managers import LRUManager
+from hybridkv.bench.percentile import nearest_rank
 from hybridkv.bench.traces import Trace
 
 OPS_PER_REQUEST = 3
@@ -46,12 +47,6 @@ class ReplayResult(NamedTuple):
 
     def as_dict(self) -> dict:
         return self._asdict()
-
-
-def _pct(sorted_vals: list, q: float) -> float:
-    if not sorted_vals:
-        return 0.0
-    return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
 
 
 def replay(trace: Trace, manager, cost: LayoutCost, progress: bool = False) -> ReplayResult:
@@ -87,7 +82,8 @@ def replay(trace: Trace, manager, cost: LayoutCost, progress: bool = False) -> R
         hit_tok / tot_tok if tot_tok else 0.0, hit_blk / tot_blk if tot_blk else 0.0,
         hit_tok, tot_tok, tot_tok - hit_tok, fl_saved, fl_total, groups, len(reqs), ops, t_all,
         ops / t_all if t_all > 0 else 0.0, len(reqs) / t_all if t_all > 0 else 0.0,
-        {q: _pct(lat, v) * 1e6 for q, v in (("p50", .5), ("p90", .9), ("p99", .99), ("max", 1.))})
+        {q: (nearest_rank(lat, v) or 0.0) * 1e6
+         for q, v in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))})
 
 
 class BeladySummary(NamedTuple):

@@ -257,7 +257,9 @@ def run_decode(driver, specs):
 
 
 def summarize(samples_ns):
-    """count, p50, p99, mean, max in microseconds (nearest-rank percentiles)."""
+    """count, p50, p99, mean, max in microseconds (nearest-rank percentiles).  This script
+    imports nothing of ours, so this is the twin of hybridkv.bench.percentile.summarize; a test
+    (tests/bench/test_vllm_side.py) keeps the two equal."""
     if not samples_ns:
         return {"count": 0, "p50": None, "p99": None, "mean": None, "max": None}
     s = sorted(samples_ns)

@@ -28,6 +28,21 @@ def test_vllm_side_imports_only_stdlib_torch_vllm():
     assert roots - set(sys.stdlib_module_names) == {"torch", "vllm"}
 
 
+def test_vllm_side_summarize_is_the_one_percentile_convention():
+    """vllm_side.py cannot import ours; its summarize must equal percentile.summarize."""
+    import random
+
+    from hybridkv.bench.percentile import summarize
+    tree = ast.parse(open(SCRIPT).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "summarize")
+    space = {}
+    exec(compile(ast.Module([fn], []), SCRIPT, "exec"), space)
+    rng = random.Random(0)
+    for n in (0, 1, 2, 3, 7, 99, 100, 101, 1000):
+        samples = [rng.randrange(1, 10 ** 7) for _ in range(n)]
+        assert space["summarize"](samples) == summarize(samples), n
+
+
 def test_tiny_stream_shares_prefixes():
     stream = tiny_stream("full+swa", "decode")
     prompts = [r["prompt"] for r in stream["requests"]]

@@ -27,6 +27,8 @@ from pathlib import Path
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 REGS_PER_BLOCK = 65536
 WARP = 32
+# Triton's message for a dtype the target has no instructions for (fp8e4nv below sm_89)
+UNSUPPORTED = "not supported in this architecture"
 
 
 class AotUnavailable(Exception):
@@ -113,8 +115,7 @@ def compile_row(kernel_name, shape, cc):
     """One row of the table: compiled or not, registers, shared memory, spills, seconds.
     ``ok`` also needs the launch to fit the device (shared memory, registers per block)."""
     from kernels.shapes import example_launch
-    row = {"kernel": kernel_name, "target": f"sm_{cc}", "shape": shape.name,
-           "dtype": shape.dtype}
+    row = _row_id(kernel_name, shape, cc)
     t0 = time.perf_counter()
     try:
         compiled, seconds, ptxas = compile_launch(example_launch(kernel_name, shape), cc)
@@ -123,8 +124,11 @@ def compile_row(kernel_name, shape, cc):
         raise
     except Exception as e:                      # the compiler's message, kept for the row
         msg = " ".join(str(e).split())
-        return {**row, "ok": False, "seconds": round(time.perf_counter() - t0, 2),
-                "error": f"{type(e).__name__}: {msg[-1500:]}"}
+        row.update(ok=False, seconds=round(time.perf_counter() - t0, 2),
+                   error=f"{type(e).__name__}: {msg[-1500:]}")
+        if shape.kv_dtype.startswith("float8") and UNSUPPORTED in msg:
+            row["unsupported"] = f"fp8 e4m3 has no conversions on sm_{cc} (sm_89+)"
+        return row
     warps = compiled.metadata.num_warps
     shared = max(compiled.metadata.shared, use["SHARED"])
     row.update(ok=True, registers=use["REG"], shared_bytes=shared,
@@ -139,6 +143,17 @@ def compile_row(kernel_name, shape, cc):
         row.update(ok=False, error=f"{use['REG']} registers x {warps * WARP} threads > "
                                    f"{REGS_PER_BLOCK}")
     return row
+
+
+def _row_id(kernel_name, shape, cc):
+    return {"kernel": kernel_name, "target": f"sm_{cc}", "shape": shape.name,
+            "dtype": shape.dtype, "kv_dtype": shape.kv_dtype or shape.dtype}
+
+
+def row_ok(row):
+    """A row passes when it compiled and fits, or is a named not-supported dtype / target pair
+    (fp8 on sm_80: ``unsupported`` says why; not a kernel that fails to compile)."""
+    return bool(row["ok"] or row.get("unsupported"))
 
 
 def row_order(shapes, targets, kernels=None):
@@ -186,8 +201,7 @@ def compile_in_subprocess(shapes, targets, kernels=None, timeout=1800):
     for n, (k, s, cc) in enumerate(row_order(shapes, targets, kernels)[len(rows):]):
         why = (f"still compiling after {timeout} s (killed)" if n == 0
                else "not compiled: an earlier row timed out")
-        rows.append({"kernel": k, "target": f"sm_{cc}", "shape": s.name, "dtype": s.dtype,
-                     "ok": False, "error": why})
+        rows.append({**_row_id(k, s, cc), "ok": False, "error": why})
     return rows
 
 

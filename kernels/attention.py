@@ -8,6 +8,13 @@ K and V are the same shared row (MQA-style shared KV).  The sink adds exp(sink_h
 softmax denominator and contributes no value.  Chunked prefill and decode are the same launch:
 one program per query and block of BLOCK_H heads (all heads together where a [heads, D] tile
 fits, so each KV row is loaded once per query; at D = 512 four 16-head programs share it).
+
+Dtypes: queries fp32 or bf16; pools of that dtype, or fp8 (e4m3) under bf16 queries (see
+kernels.guards.POOL_DTYPES); sink fp32 or the queries' dtype.  Every value is upcast to fp32
+after its load and the softmax and accumulation run in fp32; the output has the queries' dtype
+(what a serving engine feeds the next projection), rounded once at the store.  tl.dot runs in
+ieee fp32 over fp32 pools and in tf32 over bf16 / fp8 ones: their values are exact in tf32, so
+q . k is exact products summed in fp32 and only p (the softmax weights) is rounded to tf32.
 """
 import math
 
@@ -15,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.guards import (LaunchRefused, check_pins, check_pool,
+from kernels.guards import (LaunchRefused, check_act, check_pins, check_pool,
                             check_same_device, check_tensor)
 from kernels.plan import TILE, Launch, pow2
 
@@ -23,9 +30,9 @@ MODES = {"swa": 0, "sparse": 1, "hca": 2}
 
 
 @triton.jit
-def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr):
-    if USE_DOT:   # tensor-core friendly shapes; ieee keeps fp32 exactness (no tf32)
-        s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
+def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+    if USE_DOT:   # tensor-core friendly shapes; PREC: "ieee" over fp32 pools (no tf32)
+        s = tl.dot(q, tl.trans(kv), input_precision=PREC) * scale
     else:
         s = tl.sum(q[:, None, :] * kv[None, :, :], axis=2) * scale      # [BLOCK_H, N]
     s = tl.where(valid[None, :], s, float("-inf"))
@@ -34,7 +41,7 @@ def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr):
     p = tl.exp(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
     if USE_DOT:
-        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision=PREC)
     else:
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * kv[None, :, :], axis=1)
     return m_new, l, acc
@@ -45,15 +52,16 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
                  window, ratio, scale, bt_stride, cbt_stride, sel_stride,
                  MODE: tl.constexpr, BS: tl.constexpr, CBS: tl.constexpr, NH: tl.constexpr,
                  D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_S: tl.constexpr, N_SEL: tl.constexpr, USE_DOT: tl.constexpr):
+                 BLOCK_S: tl.constexpr, N_SEL: tl.constexpr, USE_DOT: tl.constexpr,
+                 PREC: tl.constexpr):
     pid = tl.program_id(0)
     i = tl.load(POS + pid)
     r = tl.load(REQ + pid)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
     n = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + pid * NH * D + h[:, None] * D + d[None, :])
-    m = tl.load(SINK + h)                      # running max starts at the sink logit
+    q = tl.load(Q + pid * NH * D + h[:, None] * D + d[None, :]).to(tl.float32)
+    m = tl.load(SINK + h).to(tl.float32)       # running max starts at the sink logit
     l = tl.full([BLOCK_H], 1.0, tl.float32)    # exp(sink - m) with m == sink
     acc = tl.zeros([BLOCK_H, D], tl.float32)
     lo = tl.maximum(i - window + 1, 0)
@@ -62,8 +70,8 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
         valid = p <= i
         blk = tl.load(BT + r * bt_stride + p // BS, mask=valid, other=0)
         kv = tl.load(KV + blk[:, None] * (BS * D) + (p % BS)[:, None] * D + d[None, :],
-                     mask=valid[:, None], other=0.0)
-        m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT)
+                     mask=valid[:, None], other=0.0).to(tl.float32)
+        m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
     if MODE == 1:
         s_off = tl.arange(0, BLOCK_S)
         for t in range(0, (N_SEL + BLOCK_S - 1) // BLOCK_S):
@@ -72,8 +80,8 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
             valid = j >= 0
             blk = tl.load(CBT + r * cbt_stride + j // CBS, mask=valid, other=0)
             kv = tl.load(CKV + blk[:, None] * (CBS * D) + (j % CBS)[:, None] * D + d[None, :],
-                         mask=valid[:, None], other=0.0)
-            m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT)
+                         mask=valid[:, None], other=0.0).to(tl.float32)
+            m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
     if MODE == 2:
         n_vis = (i + 1) // ratio
         for t in range(0, (n_vis + BLOCK_N - 1) // BLOCK_N):
@@ -81,9 +89,10 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
             valid = j < n_vis
             blk = tl.load(CBT + r * cbt_stride + j // CBS, mask=valid, other=0)
             kv = tl.load(CKV + blk[:, None] * (CBS * D) + (j % CBS)[:, None] * D + d[None, :],
-                         mask=valid[:, None], other=0.0)
-            m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT)
-    tl.store(OUT + pid * NH * D + h[:, None] * D + d[None, :], acc / l[:, None])
+                         mask=valid[:, None], other=0.0).to(tl.float32)
+            m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
+    o = acc / l[:, None]
+    tl.store(OUT + pid * NH * D + h[:, None] * D + d[None, :], o.to(OUT.dtype.element_ty))
 
 
 def _rows(pool, table, idx, what):
@@ -97,8 +106,10 @@ def _rows(pool, table, idx, what):
 
 
 def attention_ref(mode, q, swa_pool, comp_pool, plan, sink, window, ratio=1):
-    """Plain-torch reference of the kernel: explicit gather, one softmax with a sink column."""
+    """Plain-torch reference of the kernel: explicit gather, one softmax with a sink column,
+    in fp32 from the stored values; the output in the queries' dtype."""
     out = torch.empty_like(q)
+    q, sink = q.float(), sink.float()
     scale = 1.0 / math.sqrt(q.shape[-1])
     for qi in range(plan.n_q):
         i, r = int(plan.pos[qi]), int(plan.req[qi])
@@ -110,7 +121,7 @@ def attention_ref(mode, q, swa_pool, comp_pool, plan, sink, window, ratio=1):
         elif mode == "hca":
             keys.append(_rows(comp_pool, plan.comp_table[r],
                               torch.arange((i + 1) // ratio, device=q.device), "comp"))
-        k = torch.cat(keys)
+        k = torch.cat(keys).float()
         s = torch.cat([q[qi] @ k.T * scale, sink[:, None]], dim=1)
         out[qi] = torch.softmax(s, dim=1)[:, :-1] @ k
     return out
@@ -120,23 +131,26 @@ def attention(mode, q, swa_pool, plan, sink, window, *, comp_pool=None, ratio=1,
               backend="triton", pins=(), swa_abi=None, comp_abi=None):
     """Run one attention launch over ``plan`` (see module docstring for the modes).
 
-    q: [n_q, NH, D] fp32; pools: [blocks, rows, D] fp32 dense; sink: [NH] fp32.
+    q: [n_q, NH, D] fp32 or bf16; pools: [blocks, rows, D] dense, of a dtype q's reads
+    (kernels.guards.POOL_DTYPES); sink: [NH] fp32 or q's dtype.  Output: q's dtype.
     Checks first (shape, the pools against ``swa_abi`` / ``comp_abi`` -- the AbiDescs the cache
     records for them, see kernels.guards.check_pool --, alignment, ``pins``) and
     raises LaunchRefused before anything runs.  Returns a new [n_q, NH, D] tensor."""
     if mode not in MODES:
         raise LaunchRefused("shape", "mode", mode)
-    check_tensor("q", q, torch.float32, 3)
+    pool_dtypes = check_act("q", q, 3)
     n_q, nh, d = q.shape
     if n_q != plan.n_q or nh != pow2(nh) or d != pow2(d) or tuple(sink.shape) != (nh,):
         raise LaunchRefused("shape", "q", (tuple(q.shape), plan.n_q, tuple(sink.shape)))
-    check_tensor("sink", sink, torch.float32, 1, row=False)
-    check_pool("swa_pool", swa_pool, swa_abi, d)
+    if sink.dtype not in (torch.float32, q.dtype):
+        raise LaunchRefused("dtype", "sink", str(sink.dtype))
+    check_tensor("sink", sink, sink.dtype, 1, row=False)
+    check_pool("swa_pool", swa_pool, swa_abi, d, pool_dtypes)
     pools = [swa_pool]
     if mode != "swa":
         if comp_pool is None:
             raise LaunchRefused("shape", "comp_pool", None)
-        check_pool("comp_pool", comp_pool, comp_abi, d)
+        check_pool("comp_pool", comp_pool, comp_abi, d, pool_dtypes)
         pools.append(comp_pool)
     for name in ("pos", "req", "swa_table", "comp_table", "sel"):
         check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())
@@ -158,7 +172,8 @@ def attention_launch(mode, q, swa_pool, comp_pool, plan, sink, out, window, rati
     Tiles: BLOCK_H heads per program, the window walked BLOCK_N rows at a time (at most 64),
     the selection BLOCK_S entries at a time, each [rows, D] fp32 tile at most TILE elements
     (32 KB: at D = 512 the tiles of 64 rows or heads would not fit in registers or shared
-    memory); tl.dot once every operand is at least 16 wide; 8 warps for D >= 256."""
+    memory); tl.dot once every operand is at least 16 wide (tf32 over bf16 / fp8 pools); 8
+    warps for D >= 256."""
     n_q, nh, d = q.shape
     cp = comp_pool if comp_pool is not None else swa_pool
     rows = max(1, TILE // d)
@@ -172,7 +187,8 @@ def attention_launch(mode, q, swa_pool, comp_pool, plan, sink, out, window, rati
             plan.comp_table.stride(0), plan.sel.stride(0))
     meta = dict(MODE=MODES[mode], BS=swa_pool.shape[1], CBS=cp.shape[1], NH=nh, D=d,
                 BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_S=block_s, N_SEL=plan.sel.shape[1],
-                USE_DOT=use_dot, num_warps=8 if d >= 256 else 4)
+                USE_DOT=use_dot, PREC="ieee" if swa_pool.dtype == torch.float32 else "tf32",
+                num_warps=8 if d >= 256 else 4)
     return Launch(_attn_kernel, (n_q, nh // block_h), args, meta)
 
 

@@ -11,6 +11,11 @@ Closed entries are written into a paged pool; the open window stays with the cal
 Batched: ``compress_batch`` closes the entries of many requests in one launch (one program per
 entry; each entry knows its request's rows and block-table row), so N requests cost one launch
 per layer.  ``compress`` is the one-request case of the same launch.
+
+Dtypes: rows (kv and gate, one dtype) and ape fp32 or bf16; the pool fp32, or under bf16 rows
+bf16 or fp8 (e4m3): kernels.guards.POOL_DTYPES.  The pooling runs in fp32 after the loads and
+each entry is rounded once, to the pool's dtype, at the store (the cache holds what attention
+reads).
 """
 from typing import NamedTuple
 
@@ -18,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.guards import (LaunchRefused, check_pins, check_pool, check_same_device,
-                            check_tensor)
+from kernels.guards import (LaunchRefused, check_act, check_pins, check_pool,
+                            check_same_device, check_tensor)
 from kernels.plan import TILE, Launch, pow2
 
 
@@ -49,18 +54,20 @@ def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride,
     valid = in_win & (p >= 0)
     col = d[None, :] + tl.where(t < OV, 0, C - D)[:, None]
     row = (row0 + p)[:, None] * C
-    kv = tl.load(KV + row + col, mask=valid[:, None], other=0.0)
-    g = tl.load(G + row + col, mask=valid[:, None], other=0.0)
-    g += tl.load(APE + t[:, None] * D + d[None, :], mask=in_win[:, None], other=0.0)
+    kv = tl.load(KV + row + col, mask=valid[:, None], other=0.0).to(tl.float32)
+    g = tl.load(G + row + col, mask=valid[:, None], other=0.0).to(tl.float32)
+    g += tl.load(APE + t[:, None] * D + d[None, :], mask=in_win[:, None],
+                 other=0.0).to(tl.float32)
     g = tl.where(valid[:, None], g, float("-inf"))
     w = tl.exp(g - tl.max(g, axis=0)[None, :])
     out = tl.sum(w * kv, axis=0) / tl.sum(w, axis=0)
     blk = tl.load(BT + trow * bt_stride + j // CBS)
-    tl.store(POOL + blk * (CBS * D) + (j % CBS) * D + d, out)
+    tl.store(POOL + blk * (CBS * D) + (j % CBS) * D + d, out.to(POOL.dtype.element_ty))
 
 
 def compress_ref(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap):
-    """Plain-torch reference: one entry at a time, explicit row and column selection."""
+    """Plain-torch reference: one entry at a time, explicit row and column selection, in
+    fp32 from the stored values; each entry rounded to the pool's dtype as it is written."""
     d, cbs = pool.shape[2], pool.shape[1]
     for j in range(j0, j1):
         lo = j * ratio - overlap
@@ -68,15 +75,15 @@ def compress_ref(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, over
         for p in range(max(0, lo), j * ratio + ratio):
             t = p - lo
             c0 = 0 if t < overlap else rows_kv.shape[1] - d
-            kv_rows.append(rows_kv[p - base, c0:c0 + d])
-            g_rows.append(rows_gate[p - base, c0:c0 + d] + ape[t])
+            kv_rows.append(rows_kv[p - base, c0:c0 + d].float())
+            g_rows.append(rows_gate[p - base, c0:c0 + d].float() + ape[t].float())
         w = torch.softmax(torch.stack(g_rows), dim=0)
         pool[int(table[j // cbs]), j % cbs] = (w * torch.stack(kv_rows)).sum(0)
 
 
 def _check_slice(i, s, pool, ape, ratio, overlap):
-    check_tensor(f"rows_kv[{i}]", s.rows_kv, torch.float32, 2)
-    check_tensor(f"rows_gate[{i}]", s.rows_gate, torch.float32, 2)
+    check_tensor(f"rows_kv[{i}]", s.rows_kv, ape.dtype, 2)
+    check_tensor(f"rows_gate[{i}]", s.rows_gate, ape.dtype, 2)
     check_tensor(f"table[{i}]", s.table, torch.int32, 1)
     d = pool.shape[2]
     c = s.rows_kv.shape[1]
@@ -95,10 +102,10 @@ def _check_slice(i, s, pool, ape, ratio, overlap):
 def compress_batch(slices, ape, pool, ratio, overlap, *, backend="triton", pins=(), abi=None):
     """Close entries [j0, j1) of every request in ``slices`` into ``pool`` in one launch.
 
-    ape: [overlap + ratio, D]; pool: [blocks, rows, D] (a layer's view of a comp or indexer
-    pool), checked against ``abi``.  All checks run first; a refused launch writes nothing."""
-    check_tensor("ape", ape, torch.float32, 2)
-    check_pool("pool", pool, abi)
+    ape: [overlap + ratio, D], the rows' dtype; pool: [blocks, rows, D] (a layer's view of a
+    comp or indexer pool), checked against ``abi``; dtypes: the module docstring.  All checks
+    run first; a refused launch writes nothing."""
+    check_pool("pool", pool, abi, dtypes=check_act("ape", ape, 2))
     for i, s in enumerate(slices):
         _check_slice(i, s, pool, ape, ratio, overlap)
     check_same_device("compress", ape, pool, *[t for s in slices for t in (s.rows_kv, s.table)])
@@ -143,7 +150,7 @@ def compress_launch(work, ape, pool, ratio, overlap):
 def compress(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap, *,
              backend="triton", pins=(), abi=None):
     """Write entries [j0, j1) into ``pool`` through block ``table`` (int32, padded): the
-    one-request case of ``compress_batch``.  rows_kv, rows_gate: [R, C] fp32 rows for positions
+    one-request case of ``compress_batch``.  rows_kv, rows_gate: [R, C] rows for positions
     [base, base + R) -- the tail followed by the new chunk; they must cover every row the
     entries pool."""
     compress_batch([CompressSlice(rows_kv, rows_gate, table, base, j0, j1)], ape, pool, ratio,

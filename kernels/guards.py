@@ -10,6 +10,12 @@ from spec.funnel import (GPU_ALIGN, POOL_LAYOUT, AbiDesc, PinCheck, can_hit_abi,
 
 KERNEL_VERSION = 1
 
+# What a launch's compute dtype (its queries' / rows' dtype) can read from a pool.  fp32 queries
+# read fp32 pools; bf16 queries read bf16 pools or fp8 (e4m3) ones, upcast after the load.
+# Arithmetic is fp32 inside every kernel; see kernels/attention.py for the output dtypes.
+POOL_DTYPES = {"float32": ("float32",), "bfloat16": ("bfloat16", "float8_e4m3fn")}
+ACT_DTYPES = ("float32", "bfloat16")
+
 
 class LaunchRefused(Exception):
     """A launch was refused before anything ran.  ``check`` is one of "abi", "dtype", "layout",
@@ -23,13 +29,28 @@ class LaunchRefused(Exception):
 def tensor_abi(pool, kernel_version):
     """The AbiDesc a pool tensor ``[blocks, rows, dim]`` actually has (its objects written by
     kernels of ``kernel_version``): the same vocabulary as the layout's (spec.funnel.pool_abi)."""
-    return AbiDesc(str(pool.dtype).removeprefix("torch."), POOL_LAYOUT, tuple(pool.stride()),
+    return AbiDesc(dtype_name(pool.dtype), POOL_LAYOUT, tuple(pool.stride()),
                    int(pool.shape[1]), int(pool.shape[2]), int(kernel_version))
 
 
-def supported_abi(rows, dim):
-    """The ABI this build's kernels read: fp32 rows, dense, this kernel version."""
-    return pool_abi("float32", int(rows), int(dim), KERNEL_VERSION)
+def dtype_name(dtype):
+    """torch.bfloat16 -> "bfloat16" (the AbiDesc's spelling)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def supported_abi(rows, dim, dtype="float32"):
+    """The ABI this build's kernels read: ``dtype`` rows (one of POOL_DTYPES' values), dense,
+    this kernel version."""
+    return pool_abi(dtype, int(rows), int(dim), KERNEL_VERSION)
+
+
+def check_act(what, t, ndim, row=True):
+    """An activation operand (queries, rows to compress): fp32 or bf16, the launch's compute
+    dtype; its POOL_DTYPES entry is what the pools of the launch may hold."""
+    if dtype_name(t.dtype) not in ACT_DTYPES:
+        raise LaunchRefused("dtype", what, str(t.dtype))
+    check_tensor(what, t, t.dtype, ndim, row)
+    return POOL_DTYPES[dtype_name(t.dtype)]
 
 
 def _round_up(n, a):
@@ -46,15 +67,19 @@ def check_bytes(what, t, row=True):
         raise LaunchRefused("bytes", what, (t.data_ptr(), nbytes))
 
 
-def check_pool(what, pool, abi=None, head_dim=None):
+def check_pool(what, pool, abi=None, head_dim=None, dtypes=("float32",)):
     """A paged pool ``[blocks, rows, dim]``: the tensor is what ``abi`` (the AbiDesc the
-    cache's layout records for it: funnel layer 2's vocabulary) says, and that is what these
-    kernels read (fp32, dense, this kernel version) -- one rule, spec.funnel.can_hit_abi,
-    twice -- then alignment.  ``abi`` None: the tensor must simply be what the kernels read;
-    ``head_dim``: the row width the launch's queries have."""
+    cache's layout records for it: funnel layer 2's vocabulary) says, and that is what this
+    launch reads (a dtype of ``dtypes``, dense, this kernel version) -- one rule,
+    spec.funnel.can_hit_abi, twice -- then alignment.  ``abi`` None: the tensor must simply be
+    what the launch reads; ``head_dim``: the row width the launch's queries have; ``dtypes``:
+    the pool dtypes the launch's compute dtype reads (POOL_DTYPES), the first if the tensor's
+    is none of them (so a pool of another dtype is refused with its actual AbiDesc)."""
     if pool.dim() != 3:
         raise LaunchRefused("abi", what, tuple(pool.shape))
-    want = supported_abi(pool.shape[1], pool.shape[2] if head_dim is None else head_dim)
+    dt = dtype_name(pool.dtype)
+    want = supported_abi(pool.shape[1], pool.shape[2] if head_dim is None else head_dim,
+                         dt if dt in dtypes else dtypes[0])
     abi = want if abi is None else abi
     actual = tensor_abi(pool, abi.kernel_version)
     if not can_hit_abi(actual, abi):

@@ -4,12 +4,17 @@ score(i, j) = sum_h w_h(i) * relu(q_h(i) . k_j) for j visible at i (ratio*j + ra
 Top-k is by score, ties broken by the lower entry index (both backends), so the selection is
 deterministic even where relu makes many scores exactly 0.  Fewer than k visible entries leave
 -1 in the remaining slots.
+
+Dtypes: queries fp32 or bf16, keys of a dtype they read (fp8 e4m3 keys under bf16 queries:
+kernels.guards.POOL_DTYPES), head weights fp32 or the queries' dtype.  Values are upcast to
+fp32 after the load; scores are fp32 (tl.dot in tf32 over bf16 / fp8 operands, whose values
+tf32 holds exactly, so every product is exact and only the fp32 summation order differs).
 """
 import torch
 import triton
 import triton.language as tl
 
-from kernels.guards import (LaunchRefused, check_pins, check_pool,
+from kernels.guards import (LaunchRefused, check_act, check_pins, check_pool,
                             check_same_device, check_tensor)
 from kernels.plan import TILE, Launch, pow2
 
@@ -17,24 +22,25 @@ from kernels.plan import TILE, Launch, pow2
 @triton.jit
 def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, sel_stride,
                   NI: tl.constexpr, DI: tl.constexpr, CBS: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_T: tl.constexpr, K: tl.constexpr, USE_DOT: tl.constexpr):
+                  BLOCK_T: tl.constexpr, K: tl.constexpr, USE_DOT: tl.constexpr,
+                  PREC: tl.constexpr):
     pid = tl.program_id(0)
     i = tl.load(POS + pid)
     r = tl.load(REQ + pid)
     h = tl.arange(0, NI)
     d = tl.arange(0, DI)
     t = tl.arange(0, BLOCK_T)
-    q = tl.load(IQ + pid * NI * DI + h[:, None] * DI + d[None, :])
-    w = tl.load(IW + pid * NI + h)
+    q = tl.load(IQ + pid * NI * DI + h[:, None] * DI + d[None, :]).to(tl.float32)
+    w = tl.load(IW + pid * NI + h).to(tl.float32)
     n_vis = (i + 1) // ratio
     for e0 in range(0, BLOCK_E, BLOCK_T):     # score the row a tile of entries at a time
         e = e0 + t
         valid = e < n_vis
         blk = tl.load(IBT + r * bt_stride + e // CBS, mask=valid, other=0)
         k = tl.load(KEYS + blk[:, None] * (CBS * DI) + (e % CBS)[:, None] * DI + d[None, :],
-                    mask=valid[:, None], other=0.0)
-        if USE_DOT:   # ieee: fp32 products, no tf32
-            dots = tl.dot(q, tl.trans(k), input_precision="ieee")
+                    mask=valid[:, None], other=0.0).to(tl.float32)
+        if USE_DOT:   # fp32 products: ieee over fp32 keys, tf32 (exact there) over bf16 / fp8
+            dots = tl.dot(q, tl.trans(k), input_precision=PREC)
         else:
             dots = tl.sum(q[:, None, :] * k[None, :, :], axis=2)          # [NI, T]
         s = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
@@ -49,7 +55,8 @@ def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, se
 
 
 def index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e):
-    """Plain-torch reference: gather visible keys, score, stable descending sort."""
+    """Plain-torch reference: gather visible keys, score in fp32, stable descending sort."""
+    iq, iw = iq.float(), iw.float()
     n_q, k = plan.n_q, plan.top_k
     dev = iq.device
     scores = torch.full((max(n_q, 1), block_e), float("-inf"), device=dev)
@@ -61,7 +68,7 @@ def index_topk_ref(iq, iw, keys_pool, plan, ratio, block_e):
         blocks = plan.idx_table[r][j // cbs]
         if (blocks < 0).any():
             raise IndexError(f"indexer: read of an unheld block for entries {j.tolist()}")
-        keys = keys_pool[blocks.long(), (j % cbs).long()]
+        keys = keys_pool[blocks.long(), (j % cbs).long()].float()
         s = (iw[qi][:, None] * torch.relu(iq[qi] @ keys.T)).sum(0)
         scores[qi, :len(j)] = s
         order = torch.sort(s, descending=True, stable=True).indices[:k]
@@ -73,15 +80,18 @@ def index_topk(iq, iw, keys_pool, plan, ratio, *, backend="triton", pins=(),
                abi=None):
     """Score and select for every query of ``plan``; fills ``plan.sel[:, :top_k]`` in place.
 
-    iq: [n_q, NI, DI] fp32, iw: [n_q, NI] fp32, keys_pool: [blocks, rows, DI] (indexer pool).
+    iq: [n_q, NI, DI], iw: [n_q, NI], keys_pool: [blocks, rows, DI] (indexer pool); dtypes:
+    the module docstring.
     Returns (scores [n_q, BLOCK_E] with -inf where not visible, sel)."""
-    check_tensor("iq", iq, torch.float32, 3)
-    check_tensor("iw", iw, torch.float32, 2, row=False)
+    key_dtypes = check_act("iq", iq, 3)
+    if iw.dtype not in (torch.float32, iq.dtype):
+        raise LaunchRefused("dtype", "iw", str(iw.dtype))
+    check_tensor("iw", iw, iw.dtype, 2, row=False)
     n_q, ni, di = iq.shape
     if (n_q != plan.n_q or tuple(iw.shape) != (n_q, ni) or ni != pow2(ni) or di != pow2(di)
             or not 0 < plan.top_k <= plan.sel.shape[1]):
         raise LaunchRefused("shape", "iq", (tuple(iq.shape), tuple(iw.shape), plan.top_k))
-    check_pool("keys_pool", keys_pool, abi, di)
+    check_pool("keys_pool", keys_pool, abi, di, key_dtypes)
     for name in ("pos", "req", "idx_table", "sel"):
         check_tensor(name, getattr(plan, name), torch.int32, getattr(plan, name).dim())
     check_same_device("indexer", iq, iw, keys_pool, plan.pos, plan.idx_table, plan.sel)
@@ -118,4 +128,6 @@ def index_launch(iq, iw, keys_pool, plan, ratio, scores):
                   (iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel, scores,
                    int(ratio), plan.idx_table.stride(0), plan.sel.stride(0)),
                   dict(NI=ni, DI=di, CBS=keys_pool.shape[1], BLOCK_E=block_e, BLOCK_T=block_t,
-                       K=plan.top_k, USE_DOT=use_dot, num_warps=8 if ni * di >= 4096 else 4))
+                       K=plan.top_k, USE_DOT=use_dot,
+                       PREC="ieee" if keys_pool.dtype == torch.float32 else "tf32",
+                       num_warps=8 if ni * di >= 4096 else 4))

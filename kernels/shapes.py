@@ -30,14 +30,15 @@ class KernelShape(NamedTuple):
     swa_rows: int      # rows per SWA pool block
     comp_rows: int     # entries per compressed / indexer pool block
     max_pos: int       # position of the decode query the examples read at
-    dtype: str = "float32"   # pool and activation dtype: the only one the kernels read
+    dtype: str = "float32"   # activations: queries, rows to compress (fp32 or bf16)
+    kv_dtype: str = ""       # pools ("": the activations' dtype; fp8 e4m3 under bf16)
 
 
 # DeepSeek-V4 attention as the issue gives it (head dim 512, indexer dim 128, window 128,
 # ratios 4 and 128).  Assumed where it is silent: 64 query heads per launch (one rank's share),
 # a 64 x 128 indexer selecting 512 entries, 128-row window pages, 64-entry compressed blocks
 # and a decode at position 8191 (8K context: 2048 CSA entries in the indexer's score row).
-# bf16 / fp8: no kernel reads them (kernels.guards.supported_abi is fp32), so none is compiled.
+# Its dtypes (bf16, fp8 KV) are DTYPES' variants of it (``with_dtypes``).
 DEEPSEEK_V4 = KernelShape("deepseek-v4", n_heads=64, head_dim=512, idx_heads=64, idx_dim=128,
                           window=128, csa_ratio=4, hca_ratio=128, top_k=512, swa_rows=128,
                           comp_rows=64, max_pos=8191)
@@ -46,6 +47,20 @@ KERNELS = ("attention_swa", "attention_sparse", "attention_hca", "compress_csa",
            "compress_hca", "compress_index", "index_topk")
 
 N_QUERIES = 4      # queries per example launch (decode of four requests' worth of rows)
+
+# the dtype variants compiled: name -> (activations, pools) (kernels.guards.POOL_DTYPES)
+DTYPES = {"fp32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16"),
+          "fp8": ("bfloat16", "float8_e4m3fn")}
+
+
+def with_dtypes(shape, name):
+    """``shape`` with the activation / pool dtypes DTYPES names ``name``."""
+    act, kv = DTYPES[name]
+    return shape._replace(dtype=act, kv_dtype=kv)
+
+
+def _dt(shape, pool=False):
+    return getattr(torch, shape.kv_dtype if pool and shape.kv_dtype else shape.dtype)
 
 
 def _blocks(n_rows, rows_per_block):
@@ -66,24 +81,26 @@ def _plan(shape):
 def _compress(shape, ratio, overlap, dim):
     """One entry closing (the decode step at the end of a window) into a one-block pool."""
     width = 2 * dim if overlap else dim
-    rows = torch.empty(ratio + overlap, width)
+    rows = torch.empty(ratio + overlap, width, dtype=_dt(shape))
     table = torch.zeros(4, dtype=torch.int32)
     j = 1                         # entry 1: its rows all exist, base = ratio - overlap
     work = [CompressSlice(rows, torch.empty_like(rows), table, ratio - overlap, j, j + 1)]
-    pool = torch.empty(2, shape.comp_rows, dim)
-    return compress_launch(work, torch.empty(ratio + overlap, dim), pool, ratio, overlap)
+    pool = torch.empty(2, shape.comp_rows, dim, dtype=_dt(shape, pool=True))
+    return compress_launch(work, torch.empty(ratio + overlap, dim, dtype=_dt(shape)), pool,
+                           ratio, overlap)
 
 
 def example_launch(kernel, shape):
     """The Launch ``kernel`` (one of KERNELS) makes at ``shape``, over empty CPU tensors."""
     plan = _plan(shape)
     nh, d = shape.n_heads, shape.head_dim
+    act, kv = _dt(shape), _dt(shape, pool=True)
     if kernel.startswith("attention_"):
         mode = kernel.removeprefix("attention_")
-        q, sink = torch.empty(N_QUERIES, nh, d), torch.empty(nh)
-        swa = torch.empty(plan.swa_table.shape[1], shape.swa_rows, d)
+        q, sink = torch.empty(N_QUERIES, nh, d, dtype=act), torch.empty(nh)
+        swa = torch.empty(plan.swa_table.shape[1], shape.swa_rows, d, dtype=kv)
         comp = None if mode == "swa" else torch.empty(plan.comp_table.shape[1],
-                                                      shape.comp_rows, d)
+                                                      shape.comp_rows, d, dtype=kv)
         ratio = {"swa": 1, "sparse": 1, "hca": shape.hca_ratio}[mode]   # as V4Mini passes
         return attention_launch(mode, q, swa, comp, plan, sink, torch.empty_like(q),
                                 shape.window, ratio)
@@ -94,10 +111,10 @@ def example_launch(kernel, shape):
     if kernel == "compress_index":
         return _compress(shape, shape.csa_ratio, shape.csa_ratio, shape.idx_dim)
     if kernel == "index_topk":
-        iq = torch.empty(N_QUERIES, shape.idx_heads, shape.idx_dim)
-        keys = torch.empty(plan.idx_table.shape[1], shape.comp_rows, shape.idx_dim)
+        iq = torch.empty(N_QUERIES, shape.idx_heads, shape.idx_dim, dtype=act)
+        keys = torch.empty(plan.idx_table.shape[1], shape.comp_rows, shape.idx_dim, dtype=kv)
         scores = torch.empty(N_QUERIES, index_block_e(plan, shape.csa_ratio))
-        return index_launch(iq, torch.empty(N_QUERIES, shape.idx_heads), keys, plan,
+        return index_launch(iq, torch.empty(N_QUERIES, shape.idx_heads, dtype=act), keys, plan,
                             shape.csa_ratio, scores)
     raise KeyError(f"no kernel {kernel!r}; kernels: {', '.join(KERNELS)}")
 

@@ -3,8 +3,10 @@
 generation cold vs resumed, per backend.  Exit status 1 on any mismatch.
 
 `hybridkv check-kernels --compile sm_80,sm_90`: instead, every kernel compiled ahead of time
-(kernels.aot, no GPU needed) for those GPUs at V4-mini's shapes and DeepSeek-V4's; one row per
-kernel, target and shape; exit status 1 if any does not compile or does not fit the device."""
+(kernels.aot, no GPU needed) for those GPUs at V4-mini's shapes and DeepSeek-V4's, in fp32,
+bf16 and bf16 over fp8 (e4m3) pools (--dtypes); one row per kernel, target, shape and dtype;
+exit status 1 if any does not compile or does not fit the device (fp8 on sm_80, which has no
+fp8 conversions, is a named not-supported row, not a failure)."""
 import json
 import sys
 import time
@@ -33,6 +35,9 @@ def add_arguments(parser):
                              "of running the checks; no GPU needed")
     parser.add_argument("--shapes", default=",".join(SHAPES), metavar="NAMES",
                         help=f"shapes to compile at (--compile): {', '.join(SHAPES)}")
+    parser.add_argument("--dtypes", default="fp32,bf16,fp8", metavar="NAMES",
+                        help="dtypes to compile at (--compile): fp32, bf16 (activations and "
+                             "pools), fp8 (bf16 activations over e4m3 pools)")
 
 
 SHAPES = ("v4-mini", "deepseek-v4")
@@ -55,32 +60,40 @@ def v4_mini_shape():
 def run_compile(args):
     """The --compile table (or its JSON: {"compiled": [rows], "ok": ...})."""
     from kernels.aot import AotUnavailable, compile_in_subprocess, parse_targets
-    from kernels.shapes import DEEPSEEK_V4
+    from kernels.aot import row_ok
+    from kernels.shapes import DEEPSEEK_V4, DTYPES, with_dtypes
     known = {"v4-mini": v4_mini_shape, "deepseek-v4": lambda: DEEPSEEK_V4}
     try:
         targets = parse_targets(args.compile)
         names = [n.strip() for n in args.shapes.split(",")]
+        dtypes = [n.strip() for n in args.dtypes.split(",")]
         if set(names) - set(known):
             raise ValueError(f"unknown shape in {args.shapes!r}; known: {', '.join(known)}")
-        rows = compile_in_subprocess([known[n]() for n in names], targets)
+        if set(dtypes) - set(DTYPES):
+            raise ValueError(f"unknown dtype in {args.dtypes!r}; known: {', '.join(DTYPES)}")
+        rows = compile_in_subprocess([with_dtypes(known[n](), dt) for n in names
+                                      for dt in dtypes], targets)
     except (ValueError, AotUnavailable) as e:
         print(json.dumps({"compiled": [], "ok": False, "error": str(e)}) if args.json
               else f"check-kernels --compile: {e}", file=sys.stdout if args.json else sys.stderr)
         return 2
-    ok = all(r["ok"] for r in rows)
+    ok = all(row_ok(r) for r in rows)
     if args.json:
         print(json.dumps({"compiled": rows, "ok": ok}))
         return 0 if ok else 1
-    print(f"{'kernel':<17}{'target':<7}{'shape':<12}{'ok':<4}{'regs':>5}{'shared':>8}"
-          f"{'spills':>8}{'secs':>7}")
+    print(f"{'kernel':<17}{'target':<7}{'shape':<12}{'dtype/kv':<24}{'ok':<4}{'regs':>5}"
+          f"{'shared':>8}{'spills':>8}{'secs':>7}")
     for r in rows:
+        head = (f"{r['kernel']:<17}{r['target']:<7}{r['shape']:<12}"
+                f"{r['dtype'] + '/' + r['kv_dtype']:<24}")
         if "registers" in r:
             mark = "yes" if r["ok"] else "NO"
-            print(f"{r['kernel']:<17}{r['target']:<7}{r['shape']:<12}{mark:<4}"
-                  f"{r['registers']:>5}{r['shared_bytes']:>8}{r['spill_bytes']:>8}"
-                  f"{r['seconds']:>7}")
-        if not r["ok"]:
-            print(f"  {r['kernel']} {r['shape']} {r['target']}: {r['error']}")
+            print(f"{head}{mark:<4}{r['registers']:>5}{r['shared_bytes']:>8}"
+                  f"{r['spill_bytes']:>8}{r['seconds']:>7}")
+        elif r.get("unsupported"):
+            print(f"{head}n/a  not supported: {r['unsupported']}")
+        if not row_ok(r):
+            print(f"  {r['kernel']} {r['shape']} {r['target']} {r['kv_dtype']}: {r['error']}")
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

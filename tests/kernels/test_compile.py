@@ -31,7 +31,8 @@ def _assert_fits(rows, shape, targets):
 
 
 def test_every_kernel_compiles_for_sm90_at_v4_mini(capsys):
-    rc, out = _cli(capsys, "--compile", "sm_90", "--shapes", "v4-mini", "--json")
+    rc, out = _cli(capsys, "--compile", "sm_90", "--shapes", "v4-mini", "--dtypes", "fp32",
+                   "--json")
     assert rc == 0 and out["ok"] is True
     _assert_fits(out["compiled"], "v4-mini", [90])
 
@@ -75,13 +76,15 @@ def test_cli_refuses_an_unknown_shape(capsys):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_at_deepseek_v4_shapes(capsys):
-    rc, out = _cli(capsys, "--compile", "sm_80,sm_90", "--shapes", "deepseek-v4", "--json")
+    rc, out = _cli(capsys, "--compile", "sm_80,sm_90", "--shapes", "deepseek-v4", "--dtypes",
+                   "fp32", "--json")
     _assert_fits(out["compiled"], "deepseek-v4", [80, 90])
     assert rc == 0
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_at_v4_mini(capsys):
-    rc, out = _cli(capsys, "--compile", "sm_80", "--shapes", "v4-mini", "--json")
+    rc, out = _cli(capsys, "--compile", "sm_80", "--shapes", "v4-mini", "--dtypes", "fp32",
+                   "--json")
     _assert_fits(out["compiled"], "v4-mini", [80])
     assert rc == 0

@@ -10,13 +10,17 @@ layer into the spare slot, so its address changes, and fires the spec's ``reloca
 Every state change of a block goes through ``fire``: the compiled table of the kind's machine
 (hybridkv.cache.tables) with the spec's guard functions, then the spec's effect function on
 the block's own spec record (CompRec / TailRec / SwaRec / IdxRec).  In checked mode a real
-python-statemachine instance shadows each block (CheckedMachine).
+python-statemachine instance shadows each block (CheckedMachine).  ``fire_run`` is ``fire`` for
+a run of blocks changing state together (a prefill's chain blocks, a free's reads): the table's
+guards and the effect are called once over the run's records as numpy columns.
 """
+from itertools import repeat
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from hybridkv.cache.tables import CheckedMachine, table_for
+from hybridkv.cache.tables import CheckedMachine, TransitionRefused, table_for
 from hybridkv.errors import BadArgument
 from hybridkv.layout import ITEMSIZE, slot_bytes
 from spec.common import FREE, PINNED, READY, WRITING
@@ -28,6 +32,7 @@ REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NO_LIMIT = 1 << 62
+RUN_MIN = 12      # shorter runs go block by block (numpy's fixed cost outweighs the saving)
 
 
 class ObjRef(NamedTuple):
@@ -88,6 +93,7 @@ class Pool:
         self.shadows = [CheckedMachine(self.table) for _ in range(num_blocks)] if checked else None
         self.touched = set()      # checked mode: blocks changed since the last check
         self.watch, self.on_ready = set(), None   # on_ready(b) once a watched b lands READY
+        self.run_min = RUN_MIN    # fire_run batches runs at least this long
 
     # -- data -------------------------------------------------------------------------------
     def layer(self, name, j):
@@ -164,18 +170,49 @@ class Pool:
         new = EFFECTS[event](rec, cx, *args)
         if tgt != rec.st:                       # st is every record's first field
             new = tuple.__new__(self.rec_type, (tgt, *new[1:]))
+        self._landed(b, event, rec, new)
+        return new
+
+    def fire_run(self, blocks, event, *args):
+        """``fire`` on each of ``blocks`` in order; ``args`` are scalars or lists of one value
+        per block.  A run of at least ``run_min`` distinct blocks goes through the table once:
+        each guard and the effect are called once over the records as numpy columns, and
+        when any block is refused it raises TransitionRefused and changes nothing.  Checked
+        mode still shadows every block with its real machine.  Returns the new records."""
+        n = len(blocks)
+        if n < self.run_min or len(set(blocks)) != n:
+            return [self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
+                    for i, b in enumerate(blocks)]
+        recs, cx = self.recs, self.ctx
+        olds = [recs[b] for b in blocks]
+        cols = np.array(olds, dtype=np.int64)
+        o = self.rec_type._make(cols.T)
+        tgts = self.table.target_many(cols[:, 0], event, o, cx)
+        if (tgts < 0).any():
+            st = olds[int(np.argmax(tgts < 0))].st
+            raise TransitionRefused(self.table.name, self.table.states.get(st, st), event)
+        col_args = [np.asarray(a) if isinstance(a, list) else a for a in args]
+        new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
+        news = list(map(tuple.__new__, repeat(self.rec_type),
+                        zip(*[np.broadcast_to(f, (n,)).tolist() for f in new])))
+        for b, old, rec in zip(blocks, olds, news):
+            self._landed(b, event, old, rec)
+        return news
+
+    def _landed(self, b, event, old, new):
+        """Block b went from record ``old`` to ``new`` by ``event``: its shadow follows, the
+        free bookkeeping and counters move, the metrics and a watcher hear of it."""
         if self.shadows is not None:
-            self.shadows[b].follow(rec.st, event, rec, cx, tgt)
+            self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
             self.touched.add(b)
         self.recs[b] = new
-        if rec.st != tgt:
-            self._moved(b, rec.st, tgt)
+        if old.st != new.st:
+            self._moved(b, old.st, new.st)
         if self.on_transition is not None:
-            self.on_transition(self.kind, rec.st, tgt)
-        if tgt == READY and b in self.watch:
+            self.on_transition(self.kind, old.st, new.st)
+        if new.st == READY and b in self.watch:
             self.watch.discard(b)
             self.on_ready(b)
-        return new
 
     def _moved(self, b, old, new):
         if old == WRITING:
@@ -201,10 +238,27 @@ class Pool:
             free.pop()
         return None
 
+    def alloc_run(self, n):
+        """n FREE block ids, the ones n rounds of ``alloc`` + ``write`` would take, in that
+        order (still FREE until written: ``write_run``); fewer when fewer are free."""
+        out, taken, free, is_free = [], set(), self.free, self.is_free
+        while len(out) < n and free:
+            b = free.pop()
+            if is_free[b] and b not in taken:
+                out.append(b)
+                taken.add(b)
+        return out
+
     def write(self, b, p, draft=0):
         """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
         self.abi_of[b] = self.abi
         return self.fire(b, "draft" if draft else "write", p, draft)
+
+    def write_run(self, blocks, positions, draft=0):
+        """``write`` of each block at its position, as one run (``fire_run``)."""
+        for b in blocks:
+            self.abi_of[b] = self.abi
+        return self.fire_run(blocks, "draft" if draft else "write", list(positions), draft)
 
     def touch(self, b):
         """Checked mode: block b's bookkeeping (index, policy) changed without an event."""

@@ -27,7 +27,8 @@ from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.funnel import HitPlan, Read, run_funnel
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
-from hybridkv.cache.pool import NO_LIMIT, GroupCtx, ObjRef, Pool
+from hybridkv.cache.pool import ObjRef, Pool
+from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
                                    check_tokens)
 from hybridkv.cache.snapshots import Snapshots

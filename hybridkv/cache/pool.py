@@ -14,15 +14,16 @@ python-statemachine instance shadows each block (CheckedMachine).  ``fire_run`` 
 a run of blocks changing state together (a prefill's chain blocks, a free's reads): the table's
 guards and the effect are called once over the run's records as numpy columns.
 """
-from itertools import repeat
+from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from hybridkv.cache.storage import storage
 from hybridkv.cache.tables import CheckedMachine, TransitionRefused, table_for
 from hybridkv.errors import BadArgument
-from hybridkv.layout import ITEMSIZE, slot_bytes
+from hybridkv.layout import slot_bytes
 from spec.common import FREE, PINNED, READY, WRITING
 from spec.effects import EFFECTS
 from spec.funnel import GPU_BLOCK_ALIGN, can_hit_bytes
@@ -30,8 +31,6 @@ from spec.state import KINDS, MACHINES, RECS
 
 REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-NO_LIMIT = 1 << 62
 RUN_MIN = 12      # shorter runs go block by block (numpy's fixed cost outweighs the saving)
 
 
@@ -39,30 +38,6 @@ class ObjRef(NamedTuple):
     kind: str
     group: str
     block: int
-
-
-class GroupCtx:
-    """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
-    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
-
-    def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
-        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
-        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
-        self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
-
-
-def _storage(n_layers, slots, rows, dim, dtype, device):
-    """A ``[n_layers, slots, rows, dim]`` tensor whose every block starts on GPU_BLOCK_ALIGN
-    (rows padded when rows * dim * itemsize is not a multiple of it)."""
-    sb = slot_bytes(rows, dim, dtype)
-    buf = torch.empty(n_layers * slots * sb + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
-    off = (-buf.data_ptr()) % GPU_BLOCK_ALIGN
-    raw = buf[off:off + n_layers * slots * sb].view(DTYPES[dtype])
-    step = sb // ITEMSIZE[dtype]
-    t = raw.as_strided((n_layers, slots, rows, dim), (slots * step, step, dim, 1))
-    if t.is_floating_point():
-        t.fill_(float("nan"))       # a read of a row nobody wrote poisons the output
-    return t
 
 
 class Pool:
@@ -74,8 +49,9 @@ class Pool:
         self.n_layers = len(group.layers)
         self.rec_type, self.table = REC[kind], table_for(MACHINE[kind])
         self.ctx, self.checked, self.on_transition = ctx, checked, on_transition
+        self.run_min = RUN_MIN    # fire_run batches runs at least this long
         slots = num_blocks + 1                                           # + one spare
-        self.data = {name: _storage(self.n_layers, slots, rows, dim, group.dtype, device)
+        self.data = {name: storage(self.n_layers, slots, rows, dim, group.dtype, device)
                      for name, (rows, dim) in tensors.items()}
         self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
                                 for r, d in tensors.values())
@@ -93,7 +69,6 @@ class Pool:
         self.shadows = [CheckedMachine(self.table) for _ in range(num_blocks)] if checked else None
         self.touched = set()      # checked mode: blocks changed since the last check
         self.watch, self.on_ready = set(), None   # on_ready(b) once a watched b lands READY
-        self.run_min = RUN_MIN    # fire_run batches runs at least this long
 
     # -- data -------------------------------------------------------------------------------
     def layer(self, name, j):
@@ -174,18 +149,18 @@ class Pool:
         return new
 
     def fire_run(self, blocks, event, *args):
-        """``fire`` on each of ``blocks`` in order; ``args`` are scalars or lists of one value
-        per block.  A run of at least ``run_min`` distinct blocks goes through the table once:
-        each guard and the effect are called once over the records as numpy columns, and
-        when any block is refused it raises TransitionRefused and changes nothing.  Checked
-        mode still shadows every block with its real machine.  Returns the new records."""
+        """``fire`` on each of ``blocks`` in order (``args``: scalars, or lists of one value per
+        block).  A run of ``run_min`` or more distinct blocks goes through the table once, each
+        guard and the effect called once over the records as numpy columns; a refused block
+        raises TransitionRefused and changes nothing.  Checked mode shadows every block."""
         n = len(blocks)
         if n < self.run_min or len(set(blocks)) != n:
             return [self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
                     for i, b in enumerate(blocks)]
         recs, cx = self.recs, self.ctx
         olds = [recs[b] for b in blocks]
-        cols = np.array(olds, dtype=np.int64)
+        width = len(self.rec_type._fields)
+        cols = np.fromiter(chain.from_iterable(olds), np.int64, n * width).reshape(n, width)
         o = self.rec_type._make(cols.T)
         tgts = self.table.target_many(cols[:, 0], event, o, cx)
         if (tgts < 0).any():
@@ -200,8 +175,7 @@ class Pool:
         return news
 
     def _landed(self, b, event, old, new):
-        """Block b went from record ``old`` to ``new`` by ``event``: its shadow follows, the
-        free bookkeeping and counters move, the metrics and a watcher hear of it."""
+        """Block b went from ``old`` to ``new`` by ``event``: shadow, free lists, metrics."""
         if self.shadows is not None:
             self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
             self.touched.add(b)
@@ -251,8 +225,7 @@ class Pool:
 
     def write(self, b, p, draft=0):
         """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
-        self.abi_of[b] = self.abi
-        return self.fire(b, "draft" if draft else "write", p, draft)
+        return self.write_run([b], [p], draft)[0]
 
     def write_run(self, blocks, positions, draft=0):
         """``write`` of each block at its position, as one run (``fire_run``)."""

@@ -9,8 +9,10 @@ the two disagree (checked mode).
 """
 import numpy as np
 
+from spec.state import KINDS
 from spec.table import compile_machine
 
+NO_LIMIT = 1 << 62
 REFUSED = -1     # target_many's entry for a block whose event is refused
 
 
@@ -82,6 +84,16 @@ class CheckedMachine:
         self.sm.send(event, o=o, c=c)
         got = self.sm.current_state_value
         assert got == expected, f"{self.table.name}: machine went to {got}, table to {expected}"
+
+
+class GroupCtx:
+    """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
+    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
+
+    def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
+        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
+        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
+        self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
 
 
 _CACHE = {}

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.cache import CacheManager
-from hybridkv.cache.pool import GroupCtx, Pool
+from hybridkv.cache.pool import Pool
+from hybridkv.cache.tables import GroupCtx
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout

@@ -5,6 +5,10 @@ them on ints and bools; the prover calls the very same functions on Z3 bit-vecto
 Python's ``and``/``or``/``not``/``if`` and chained comparisons silently misbehave on
 Z3 terms, so spec code uses only these (a lint test enforces it).
 
+Array mode: on numpy columns (one value per block of a run) the same functions compute
+elementwise (``And`` is ``logical_and``, ``If`` is ``where``), so the runtime can evaluate a
+guard or an effect once over a run of blocks (``hybridkv.cache.runs``).
+
 Bit-vector values are treated as non-negative and below 2**(width-1): the prover picks
 widths so that every bounded counter fits, so signed comparisons (``<`` on a
 ``BitVecRef``) agree with Python's.
@@ -12,6 +16,7 @@ widths so that every bounded counter fits, so signed comparisons (``<`` on a
 from functools import reduce
 import operator
 
+import numpy as np
 import z3
 
 _WIDTH = [None]  # bit-vector width used for numerals built from two concrete branches
@@ -23,6 +28,7 @@ def set_width(width):
 
 
 _EXPR = z3.ExprRef
+_SPECIAL = (z3.ExprRef, np.ndarray)   # a Z3 term or a numpy column: not a plain value
 
 
 def is_sym(*xs):
@@ -38,26 +44,42 @@ def _num(x):
     return z3.IntVal(x) if _WIDTH[0] is None else z3.BitVecVal(x, _WIDTH[0])
 
 
+def is_plain(*xs):
+    """Every value is a plain Python one (neither a Z3 term nor a numpy column)."""
+    for x in xs:
+        if isinstance(x, _SPECIAL):
+            return False
+    return True
+
+
 def And(*xs):
-    return z3.And(*xs) if is_sym(*xs) else all(xs)
+    if is_plain(*xs):
+        return all(xs)
+    return z3.And(*xs) if is_sym(*xs) else reduce(np.logical_and, xs)
 
 
 def Or(*xs):
-    return z3.Or(*xs) if is_sym(*xs) else any(xs)
+    if is_plain(*xs):
+        return any(xs)
+    return z3.Or(*xs) if is_sym(*xs) else reduce(np.logical_or, xs)
 
 
 def Not(x):
-    return z3.Not(x) if is_sym(x) else not x
+    if is_plain(x):
+        return not x
+    return z3.Not(x) if is_sym(x) else np.logical_not(x)
 
 
 def Implies(a, b):
-    return z3.Implies(a, b) if is_sym(a, b) else (not a) or bool(b)
+    if is_plain(a, b):
+        return (not a) or bool(b)
+    return z3.Implies(a, b) if is_sym(a, b) else np.logical_or(np.logical_not(a), b)
 
 
 def If(c, a, b):
-    if is_sym(c):
-        return z3.If(c, _num(a), _num(b))
-    return a if c else b
+    if is_plain(c):
+        return a if c else b
+    return z3.If(c, _num(a), _num(b)) if is_sym(c) else np.where(c, a, b)
 
 
 def Eq(a, b):

@@ -27,12 +27,13 @@ from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.funnel import HitPlan, Read, run_funnel
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
-from hybridkv.cache.pool import NO_LIMIT, GroupCtx, ObjRef, Pool
+from hybridkv.cache.pool import ObjRef, Pool
+from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
                                    check_tokens)
 from hybridkv.cache.snapshots import Snapshots
 from hybridkv.cache.tables import TransitionRefused
-from hybridkv.cache.writer import ObjectWriter
+from hybridkv.cache.writer import ObjectWriter, fire_runs
 from hybridkv.errors import (AdmissionRefused, BadArgument, BadSalt, BadTokens,
                              CommitPastAllocation,
                              DraftsPending, LayoutError, Refused, RequestBusy, StaleRead,
@@ -179,9 +180,15 @@ class CacheManager:
                 raise StaleRead("planned object changed since lookup", tuple(r.ref))
 
     def _take_plan(self, req):
-        """Pin the plan's objects (they become the request's reads)."""
+        """Pin the plan's objects (they become the request's reads): one run per pool (a
+        refresh reads only its block's own state), block by block if one repeats."""
+        refs = [r.ref for r in req.plan.reads]
+        batched = len(set(refs)) == len(refs)
+        if batched:
+            fire_runs(self.pools, refs, "pin")
         for r in req.plan.reads:
-            self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
+            if not batched:
+                self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
             self.evictor.refresh(r.ref)
             self.evictor.access(r.ref)
         req.reads = list(req.plan.reads)

@@ -10,15 +10,20 @@ layer into the spare slot, so its address changes, and fires the spec's ``reloca
 Every state change of a block goes through ``fire``: the compiled table of the kind's machine
 (hybridkv.cache.tables) with the spec's guard functions, then the spec's effect function on
 the block's own spec record (CompRec / TailRec / SwaRec / IdxRec).  In checked mode a real
-python-statemachine instance shadows each block (CheckedMachine).
+python-statemachine instance shadows each block (CheckedMachine).  ``fire_run`` is ``fire`` for
+a run of blocks changing state together (a prefill's chain blocks, a free's reads): the table's
+guards and the effect are called once over the run's records as numpy columns.
 """
+from itertools import chain, repeat
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from hybridkv.cache.tables import CheckedMachine, table_for
+from hybridkv.cache.storage import storage
+from hybridkv.cache.tables import CheckedMachine, TransitionRefused, table_for
 from hybridkv.errors import BadArgument
-from hybridkv.layout import ITEMSIZE, slot_bytes
+from hybridkv.layout import slot_bytes
 from spec.common import FREE, PINNED, READY, WRITING
 from spec.effects import EFFECTS
 from spec.funnel import GPU_BLOCK_ALIGN, can_hit_bytes
@@ -26,38 +31,13 @@ from spec.state import KINDS, MACHINES, RECS
 
 REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-NO_LIMIT = 1 << 62
+RUN_MIN = 48      # shorter runs go block by block: numpy's fixed cost (~150 us a run) wins below
 
 
 class ObjRef(NamedTuple):
     kind: str
     group: str
     block: int
-
-
-class GroupCtx:
-    """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
-    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
-
-    def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
-        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
-        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
-        self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
-
-
-def _storage(n_layers, slots, rows, dim, dtype, device):
-    """A ``[n_layers, slots, rows, dim]`` tensor whose every block starts on GPU_BLOCK_ALIGN
-    (rows padded when rows * dim * itemsize is not a multiple of it)."""
-    sb = slot_bytes(rows, dim, dtype)
-    buf = torch.empty(n_layers * slots * sb + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
-    off = (-buf.data_ptr()) % GPU_BLOCK_ALIGN
-    raw = buf[off:off + n_layers * slots * sb].view(DTYPES[dtype])
-    step = sb // ITEMSIZE[dtype]
-    t = raw.as_strided((n_layers, slots, rows, dim), (slots * step, step, dim, 1))
-    if t.is_floating_point():
-        t.fill_(float("nan"))       # a read of a row nobody wrote poisons the output
-    return t
 
 
 class Pool:
@@ -69,8 +49,9 @@ class Pool:
         self.n_layers = len(group.layers)
         self.rec_type, self.table = REC[kind], table_for(MACHINE[kind])
         self.ctx, self.checked, self.on_transition = ctx, checked, on_transition
+        self.run_min = RUN_MIN    # fire_run batches runs at least this long
         slots = num_blocks + 1                                           # + one spare
-        self.data = {name: _storage(self.n_layers, slots, rows, dim, group.dtype, device)
+        self.data = {name: storage(self.n_layers, slots, rows, dim, group.dtype, device)
                      for name, (rows, dim) in tensors.items()}
         self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
                                 for r, d in tensors.values())
@@ -164,18 +145,48 @@ class Pool:
         new = EFFECTS[event](rec, cx, *args)
         if tgt != rec.st:                       # st is every record's first field
             new = tuple.__new__(self.rec_type, (tgt, *new[1:]))
+        self._landed(b, event, rec, new)
+        return new
+
+    def fire_run(self, blocks, event, *args):
+        """``fire`` on each of ``blocks`` in order (``args``: scalars, or lists of one value per
+        block).  A run of ``run_min`` or more distinct blocks goes through the table once, each
+        guard and the effect called once over the records as numpy columns; a refused block
+        raises TransitionRefused and changes nothing.  Checked mode shadows every block."""
+        n = len(blocks)
+        if n < self.run_min or len(set(blocks)) != n:
+            return [self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
+                    for i, b in enumerate(blocks)]
+        recs, cx = self.recs, self.ctx
+        olds = [recs[b] for b in blocks]
+        width = len(self.rec_type._fields)
+        cols = np.fromiter(chain.from_iterable(olds), np.int64, n * width).reshape(n, width)
+        o = self.rec_type._make(cols.T)
+        tgts = self.table.target_many(cols[:, 0], event, o, cx)
+        if (tgts < 0).any():
+            st = olds[int(np.argmax(tgts < 0))].st
+            raise TransitionRefused(self.table.name, self.table.states.get(st, st), event)
+        col_args = [np.asarray(a) if isinstance(a, list) else a for a in args]
+        new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
+        news = list(map(tuple.__new__, repeat(self.rec_type),
+                        zip(*[np.broadcast_to(f, (n,)).tolist() for f in new])))
+        for b, old, rec in zip(blocks, olds, news):
+            self._landed(b, event, old, rec)
+        return news
+
+    def _landed(self, b, event, old, new):
+        """Block b went from ``old`` to ``new`` by ``event``: shadow, free lists, metrics."""
         if self.shadows is not None:
-            self.shadows[b].follow(rec.st, event, rec, cx, tgt)
+            self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
             self.touched.add(b)
         self.recs[b] = new
-        if rec.st != tgt:
-            self._moved(b, rec.st, tgt)
+        if old.st != new.st:
+            self._moved(b, old.st, new.st)
         if self.on_transition is not None:
-            self.on_transition(self.kind, rec.st, tgt)
-        if tgt == READY and b in self.watch:
+            self.on_transition(self.kind, old.st, new.st)
+        if new.st == READY and b in self.watch:
             self.watch.discard(b)
             self.on_ready(b)
-        return new
 
     def _moved(self, b, old, new):
         if old == WRITING:
@@ -201,10 +212,26 @@ class Pool:
             free.pop()
         return None
 
+    def alloc_run(self, n):
+        """n FREE block ids, the ones n rounds of ``alloc`` + ``write`` would take, in that
+        order (still FREE until written: ``write_run``); fewer when fewer are free."""
+        out, taken, free, is_free = [], set(), self.free, self.is_free
+        while len(out) < n and free:
+            b = free.pop()
+            if is_free[b] and b not in taken:
+                out.append(b)
+                taken.add(b)
+        return out
+
     def write(self, b, p, draft=0):
         """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
-        self.abi_of[b] = self.abi
-        return self.fire(b, "draft" if draft else "write", p, draft)
+        return self.write_run([b], [p], draft)[0]
+
+    def write_run(self, blocks, positions, draft=0):
+        """``write`` of each block at its position, as one run (``fire_run``)."""
+        for b in blocks:
+            self.abi_of[b] = self.abi
+        return self.fire_run(blocks, "draft" if draft else "write", list(positions), draft)
 
     def touch(self, b):
         """Checked mode: block b's bookkeeping (index, policy) changed without an event."""

@@ -32,6 +32,14 @@ class Owned(NamedTuple):
         rec = pool.write(b, p, draft)
         return cls(ObjRef(pool.kind, pool.group, b), p, rec.ver)
 
+    @classmethod
+    def write_run(cls, pool, positions):
+        """``write`` of one FREE block per position, as one run (Pool.write_run)."""
+        blocks = pool.alloc_run(len(positions))
+        recs = pool.write_run(blocks, positions)
+        return [cls(ObjRef(pool.kind, pool.group, b), p, rec.ver)
+                for b, p, rec in zip(blocks, positions, recs)]
+
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""
         rec = pools[(self.ref.kind, self.ref.group)].recs[self.ref.block]

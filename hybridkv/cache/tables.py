@@ -2,10 +2,18 @@
 
 python-statemachine is the declaration (~75-200 µs a transition); the runtime fires
 ``(state, event) -> [(guards, target)]`` rows holding the very same guard functions.
+``target_many`` runs a whole run of blocks through the same rows at once: each guard is called
+once over the run's records as numpy columns (spec.dual's array mode).
 ``CheckedMachine`` drives a real machine instance beside the table and fails loudly when
 the two disagree (checked mode).
 """
+import numpy as np
+
+from spec.state import KINDS
 from spec.table import compile_machine
+
+NO_LIMIT = 1 << 62
+REFUSED = -1     # target_many's entry for a block whose event is refused
 
 
 class TransitionRefused(Exception):
@@ -38,6 +46,23 @@ class Table:
                 return tgt
         return None
 
+    def target_many(self, sts, event, o, c):
+        """``target`` for a run of blocks: ``sts`` their states and ``o`` their records, as
+        numpy columns.  Per distinct state, rows are tried in order as ``target`` tries them,
+        each guard called once over the run (guards are pure, so evaluating one on blocks of
+        another state is harmless: the mask drops them).  Returns each block's target state,
+        REFUSED where the event is refused."""
+        out = np.full(len(sts), REFUSED, dtype=np.int64)
+        for st in np.unique(sts).tolist():
+            left = sts == st
+            for guards, tgt in self.rows.get((st, event), ()):
+                hit = left
+                for g in guards:
+                    hit = hit & g(o, c)
+                out[hit] = tgt
+                left = left & ~hit
+        return out
+
     def fire(self, st, event, o, c):
         tgt = self.target(st, event, o, c)
         if tgt is None:
@@ -59,6 +84,16 @@ class CheckedMachine:
         self.sm.send(event, o=o, c=c)
         got = self.sm.current_state_value
         assert got == expected, f"{self.table.name}: machine went to {got}, table to {expected}"
+
+
+class GroupCtx:
+    """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
+    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
+
+    def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
+        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
+        self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
+        self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
 
 
 _CACHE = {}

@@ -23,12 +23,23 @@ from hybridkv.cache.funnel import Read
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS
-from spec.common import WRITING
+from spec.common import PINNED, WRITING
 from spec.state import LOOKED
 
 
 def _ceil(a, b):
     return -(-a // b)
+
+
+def fire_runs(pools, refs, event):
+    """``event`` on distinct blocks ``refs`` (ObjRef, any pools): one Pool.fire_run per pool,
+    each pool's blocks in the order given.  (An event's effect on one block reads only that
+    block's record, so grouping by pool reaches the states firing them in order reaches.)"""
+    by_pool = {}
+    for ref in refs:
+        by_pool.setdefault((ref.kind, ref.group), []).append(ref.block)
+    for pk, blocks in by_pool.items():
+        pools[pk].fire_run(blocks, event)
 
 
 class ObjectWriter:
@@ -151,6 +162,23 @@ class ObjectWriter:
             self.publish(req, o, False)
         return o
 
+    def _chain_run(self, req, g, kind, ends):
+        """Regular chain blocks ending at ``ends``, written as one run and published as
+        ``_chain_block`` publishes each."""
+        pk = (kind, g.name)
+        pool = self.pools[pk]
+        objs = Owned.write_run(pool, ends)
+        req.tables[g.name].chain(kind).extend([pool.phys[o.ref.block] for o in objs])
+        req.blocks[pk].extend([o.ref.block for o in objs])
+        req.chain[pk].extend(objs)
+        filed = []
+        for o in objs:
+            if o.at > req.known_tokens:
+                self.publish(req, o, False)
+            elif self._file(req, o, False):
+                filed.append(o.ref.block)
+        pool.fire_run(filed, "publish")
+
     def _page(self, req, g, j, draft=0):
         o = Owned.write(self.pools[("swa", g.name)], (j + 1) * g.window, draft)
         work = req.work[g.name]
@@ -169,8 +197,9 @@ class ObjectWriter:
             for kind in CHAIN_KINDS:
                 if kind in g.kinds:
                     held = len(tables.chain(kind))
-                    for j in range(held, _ceil(end, bs)):
-                        self._chain_block(req, g, kind, (j + 1) * bs)
+                    ends = [(j + 1) * bs for j in range(held, _ceil(end, bs))]
+                    if ends:
+                        self._chain_run(req, g, kind, ends)
                     for j in range(max(held, _ceil(end, bs)), _ceil(draft_end, bs)):
                         self._chain_block(req, g, kind, (j + 1) * bs, draft=1)
             if "swa" in g.kinds:
@@ -203,11 +232,17 @@ class ObjectWriter:
                 self._publish(req, o, exact)
 
     def _publish(self, req, o, exact):
+        if self._file(req, o, exact):
+            self.pools[(o.ref.kind, o.ref.group)].fire(o.ref.block, "publish")
+
+    def _file(self, req, o, exact):
+        """File ``o`` in the index (and its checkpoint record once complete); True when the
+        key was free, so the block is to fire ``publish``."""
         kind, gname = o.ref.kind, o.ref.group
         key = req.chain_keys[o.at // self.gran - 1]
         parent = self.index.parent_for(kind, gname, req.chain_keys, o.at, exact)
-        if self.index.publish(o.ref, key, exact, parent):
-            self.pools[(kind, gname)].fire(o.ref.block, "publish")
+        filed = self.index.publish(o.ref, key, exact, parent)
+        if filed:
             self.evictor.entered(o.ref)
         elif not exact:
             # recomputed past the hit: the cached block holding this key was demanded again
@@ -221,6 +256,7 @@ class ObjectWriter:
             req.to_publish[o.at] = left
             if left == 0:
                 self._record(req, o.at, key)
+        return filed
 
     def _record(self, req, H, key):
         """A checkpoint record at H once every chain block it hangs from is published."""
@@ -235,8 +271,11 @@ class ObjectWriter:
         L = req.num_computed_tokens
         self.publish_ready(req)
         for dq in req.chain.values():
+            done = []
             while dq and dq[0].at <= L:
-                self._seal(req, dq.popleft())
+                done.append(dq.popleft())
+            if done:
+                self._seal_run(req, done)
         snaps = self.snapshots
         while req.pending_points and req.pending_points[0] <= L:
             P = req.pending_points.pop(0)
@@ -247,15 +286,20 @@ class ObjectWriter:
                 snaps.reject(req, P)
         self.slide(req, L)
 
-    def _seal(self, req, o):
-        pool = self.pools[(o.ref.kind, o.ref.group)]
-        if not pool.recs[o.ref.block].pub:
-            req.private.append(o)                  # another block holds its key
-            return
-        pool.fire(o.ref.block, "fill")
-        pool.fire(o.ref.block, "seal")
-        rec = pool.fire(o.ref.block, "pin")        # its writer keeps reading it
-        req.reads.append(Read(o.ref, o.at, rec.ver, rec.ep))
+    def _seal_run(self, req, objs):
+        """Seal a pool's completed chain blocks (one run per event): fill + seal + pin."""
+        pool = self.pools[(objs[0].ref.kind, objs[0].ref.group)]
+        sealed = []
+        for o in objs:
+            if pool.recs[o.ref.block].pub:
+                sealed.append(o)
+            else:
+                req.private.append(o)              # another block holds its key
+        blocks = [o.ref.block for o in sealed]
+        pool.fire_run(blocks, "fill")
+        pool.fire_run(blocks, "seal")
+        recs = pool.fire_run(blocks, "pin")        # its writer keeps reading it
+        req.reads.extend([Read(o.ref, o.at, rec.ver, rec.ep) for o, rec in zip(sealed, recs)])
 
     def slide(self, req, L):
         """Release window pages no later query reads (positions < L - W + 1)."""
@@ -322,9 +366,14 @@ class ObjectWriter:
         for o in list(req.working_objects()):
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
-        for r in reversed(req.reads):         # tips first: no liveness walks up a chain
+        reads = req.reads[::-1]               # tips first: no liveness walks up a chain
+        batched = len({r.ref for r in reads}) == len(reads)
+        if batched:                           # admit reads only the block's own record
+            fire_runs(self.pools, [r.ref for r in reads], "unpin")
+        for r in reads:
             pool = self.pools[(r.ref.kind, r.ref.group)]
-            pool.fire(r.ref.block, "unpin")
-            if pool.recs[r.ref.block].st != 3 and self.index.published(*r.ref):
+            if not batched:
+                pool.fire(r.ref.block, "unpin")
+            if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
                 self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
         req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

@@ -1,0 +1,147 @@
+"""Batched transitions (Pool.fire_run) against the per-block path (Pool.fire).
+
+(a) Every (kind, state, event, guard outcome): a run over a grid of records -- every state, pins,
+    draft, pub, version and epoch at and below their bounds, content complete or not -- reaches
+    the records ``fire`` reaches block by block (checked mode: each block's real machine
+    follows), and a run holding any block the table refuses raises and changes nothing.
+(b) Random call sequences (hypothesis): one manager batching every run (``run_min`` 1) and one
+    going block by block (``run_min`` above any run) serve the same calls and end every call in
+    the same state (tests/cache/helpers.fingerprint) with the same outcome.
+"""
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridkv.cache import CacheManager
+from hybridkv.cache.pool import Pool
+from hybridkv.cache.tables import GroupCtx
+from hybridkv.cache.tables import TransitionRefused
+from hybridkv.errors import CacheError
+from hybridkv.layout import ModelLayout
+from spec.effects import EFFECTS
+from spec.state import KINDS
+from tests.cache.helpers import LAY, fingerprint
+
+PER_BLOCK = 1 << 30          # run_min no run reaches: the per-block reference path
+BOUND = 2                    # max_ver = max_ep: a counter at its bound refuses evict / relocate
+EVENTS = sorted(set(EFFECTS) - {"load_ok"})       # load_ok's payload is never fired as a run
+ARGS = {"write": ([8], 0), "draft": ([8], 1)}     # a list: one value per block
+
+
+def grid(pool):
+    """Records over every state of the pool's machine and each field near the values guards
+    test: pins 0-2, draft, pub, a counter at its bound, content written at 8 or completed
+    (and, for the indexer, built by the current version or an older one)."""
+    rec_type, cx = pool.rec_type, pool.ctx
+    ivs = (0, 1) if "iv" in rec_type._fields else (None,)
+    out = []
+    for st_, pins, draft, pub, (ver, ep), full, iv in itertools.product(
+            sorted(pool.table.states), (0, 1, 2), (0, 1), (0, 1),
+            ((0, 0), (BOUND, 0), (0, BOUND)), (0, 1), ivs):
+        r = rec_type(st=st_, pins=pins, draft=draft, pub=pub, ver=ver, ep=ep)
+        r = r._replace(**r.partial_at(8, cx))
+        r = r._replace(**r.completed(cx)) if full else r
+        out.append(r if iv is None else r._replace(iv=iv))
+    return out
+
+
+def manager(n, run_min, layout=LAY):
+    m = CacheManager(layout, num_blocks=n, device="meta", checked=True, max_ver=BOUND,
+                     max_ep=BOUND)
+    for pool in m.pools.values():
+        pool.run_min = run_min
+    return m
+
+
+def make_pool(kind, n, run_min):
+    """One pool of ``kind`` (bookkeeping only: meta device); the batched one is checked."""
+    g = next(g for g in LAY.groups if kind in g.kinds)
+    pool = Pool(kind, g, n, LAY.pool_tensors(kind, g), LAY.abi(kind, g),
+                GroupCtx(g, BOUND, BOUND), "meta", checked=run_min < PER_BLOCK)
+    pool.run_min = run_min
+    return pool
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_state_event_and_guard_outcome(kind):
+    recs = grid(make_pool(kind, 1, 1))
+    outcomes = set()
+    for event in EVENTS:
+        if event == "slide" and kind != "swa":
+            continue
+        ref_pool, run_pool = make_pool(kind, len(recs), PER_BLOCK), make_pool(kind, len(recs), 1)
+        args = ARGS.get(event, ())
+        ref_pool.load_records(recs)
+        run_pool.load_records(recs)
+        enabled = []
+        for b, r in enumerate(recs):
+            ok = ref_pool.target(b, event) is not None
+            outcomes.add((r.st, event, ok))
+            if ok:
+                enabled.append(b)
+                ref_pool.fire(b, event, *(a[0] if isinstance(a, list) else a for a in args))
+        col = [a * len(enabled) if isinstance(a, list) else a for a in args]
+        run_pool.fire_run(enabled, event, *col)
+        assert run_pool.recs == ref_pool.recs, event
+        assert (run_pool.n_free, run_pool.n_writing) == (ref_pool.n_free, ref_pool.n_writing)
+        assert run_pool.check_integrity() == ref_pool.check_integrity()
+        refused = sorted(set(range(len(recs))) - set(enabled))
+        if refused:
+            before = list(run_pool.recs)
+            with pytest.raises(TransitionRefused):
+                run_pool.fire_run(enabled[:3] + refused[:1],
+                                  event, *[a[:1] * 4 if isinstance(a, list) else a for a in args])
+            assert run_pool.recs == before
+    # every guarded (state, event) was seen both enabled and refused
+    for st_, event, ok in list(outcomes):
+        rows = ref_pool.table.rows.get((st_, event), ())
+        if any(guards for guards, _ in rows) and len(rows) == 1:
+            assert (st_, event, not ok) in outcomes, (kind, st_, event)
+
+
+LAYOUTS = {"v4-mini": LAY, "full": ModelLayout.full(block_size=4)}
+PREFIXES = [[(5 * i + 1) % 200 for i in range(96)], [(3 * i + 7) % 200 for i in range(96)]]
+calls = st.lists(st.tuples(
+    st.sampled_from(("serve", "serve", "decode", "free", "pin")),
+    st.integers(0, 3),                                   # request id
+    st.integers(0, 1), st.integers(8, 96), st.integers(0, 40)), max_size=12)
+
+
+def play(m, op, rid, prefix, n, extra):
+    """One call; returns its outcome (the error's type name, or a small value)."""
+    try:
+        if op == "serve":
+            tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
+            plan = m.lookup(rid, tokens)
+            a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
+            L = a.start
+            for P in list(a.checkpoints) + [a.end]:
+                if L < P:
+                    m.commit(rid, P - L)
+                    L = P
+            return plan.reuse_tokens
+        if op == "decode":
+            m.allocate(rid, 1)
+            m.commit(rid, 1, [rid + 1])
+        elif op == "pin":
+            m.lookup(rid, PREFIXES[prefix][:n])
+            m.pin(rid)
+        else:
+            m.free(rid)
+    except CacheError as e:
+        return type(e).__name__
+    return None
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(max_examples=20, deadline=None)
+@given(seq=calls)
+def test_random_calls_batched_equals_per_block(layout, seq):
+    lay = LAYOUTS[layout]
+    ref, run = manager(40, PER_BLOCK, lay), manager(40, 1, lay)
+    for call in seq:
+        assert play(run, *call) == play(ref, *call), call
+        assert fingerprint(run) == fingerprint(ref), call
+    run.check_invariants()

@@ -65,7 +65,7 @@ class Arena:
             layer_nbytes = slot_bytes(rows, dim, dtype)
             t = typed.as_strided((n_layers, self.num_pages, rows, dim),
                                  (layer_nbytes // itemsize, self.page_nbytes // itemsize, dim, 1),
-                                 offset // itemsize)
+                                 typed.storage_offset() + offset // itemsize)
             if t.is_floating_point():
                 t.fill_(float("nan"))     # a read of a row nobody wrote poisons the output
             out[name] = t

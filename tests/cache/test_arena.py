@@ -13,12 +13,12 @@ from hypothesis.stateful import initialize, invariant
 import hybridkv as hk
 import kernels.guards
 from hybridkv.cache import CacheManager
-from hybridkv.cache.arena import NO_PAGE, Arena, ArenaPool
+from hybridkv.cache.arena import Arena, ArenaPool
 from hybridkv.engine import Engine, cold_mismatches
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from hybridkv.model import SeqWork
 from kernels.guards import LaunchRefused
-from spec.common import FREE
+from spec.common import FREE, WRITING
 from tests.cache.helpers import LAY, P40, commit_all, fingerprint, run
 from tests.cache.test_stateful_pressure import Pressure
 
@@ -245,19 +245,23 @@ TestArenaPressure.settings = settings(max_examples=40, stateful_step_count=25, d
 
 
 def test_seeded_page_given_back_while_held_is_caught(monkeypatch):
-    """Negative control: a block that leaves WRITING gives its page back though it is not
-    FREE -- checked mode fails on the page's owner."""
-    moved = ArenaPool._moved
+    """Negative control: the first block that leaves WRITING gives its page back though it is
+    not FREE -- checked mode fails on the page's owner at the end of that very call (before
+    anything reuses the page), and the full sweep (Arena.check) names it too."""
+    moved, leaked = ArenaPool._moved, []
 
     def leaky(self, b, old, new):
         moved(self, b, old, new)
-        if new != FREE and old != FREE and self.phys[b] != NO_PAGE:
+        if old == WRITING and new != FREE and not leaked:
+            leaked.append((self.key, b))
             self.arena.give(self.key, self.phys[b])
     monkeypatch.setattr(ArenaPool, "_moved", leaky)
     m = mk(64)
     with pytest.raises(InvariantViolation) as e:
         run(m, "a", P40)
-    assert "page" in str(e.value)
+    assert e.value.value == "pool_integrity" and "page-owner" in str(e.value)
+    (pk, b), = leaked
+    assert ("page-owner", pk, b, m.pools[pk].phys[b]) in m.arena.check(m.pools)
 
 
 def test_seeded_page_taken_twice_is_caught(monkeypatch):

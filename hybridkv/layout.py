@@ -223,6 +223,17 @@ class ModelLayout:
         return sum(len(g.layers) * slot_bytes(rows, dim, g.dtype)
                    for rows, dim in self.pool_tensors(kind, g).values())
 
+    # -- arena pages (hybridkv.cache.arena) ---------------------------------------------------
+    def page_nbytes(self):
+        """Bytes of one arena page: the largest block of any pool (every pool's block is
+        padded up to it, so one page id space serves every kind)."""
+        return max(self.block_nbytes(kind, g) for kind, g in self._pool_keys)
+
+    def page_padding(self):
+        """pool key -> fraction of a page its block leaves unused (padding waste per pool)."""
+        page = self.page_nbytes()
+        return {pk: 1 - self.block_nbytes(*pk) / page for pk in self._pool_keys}
+
     def layout_id(self):
         """Bytes naming the layout in every hash (so a different layout never hits)."""
         return repr((self.name, self.groups, self.kernel_version)).encode()

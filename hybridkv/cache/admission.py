@@ -8,14 +8,19 @@ An admitted allocation's blocks are *reserved* while eviction makes room for the
 eviction starts is admitted (spec can_admit_objects, the same rule) only beside them -- the
 cap holds at every step, as it does in the spec, where every object enters transit through
 that guard one at a time.
+
+In arena mode (``arena``: hybridkv.cache.arena.Arena) the capacity is the arena's pages: an
+allocation's total blocks against free pages plus every pool's takeable cached blocks, and
+``make_room`` lets the arena pick which pool gives pages back (each through its own eviction).
 """
 from hybridkv.errors import AdmissionRefused, RequestTooLarge
 from spec.funnel import can_admit_objects
 
 
 class Admission:
-    def __init__(self, pools, evictor, cap, transit=lambda: 0):
+    def __init__(self, pools, evictor, cap, transit=lambda: 0, arena=None):
         self.pools, self.evictor, self.cap = pools, evictor, cap
+        self.arena = arena              # one block arena: its pages are the capacity, or None
         self.transit = transit          # disk spills / loads and external holders in transit
         self.reserved = 0               # blocks of an admitted allocation not yet written
 
@@ -29,8 +34,10 @@ class Admission:
         total = sum(need.values())
         self.reserved += total
         try:
+            if self.arena is not None:
+                self.arena.make_room(total, self.pools, self.evictor)
             for pk, k in need.items():
-                self.evictor.make_room(pk, k)
+                self.evictor.make_room(pk, k)     # arena mode: the pool already has k free
         finally:
             self.reserved -= total
 
@@ -43,14 +50,9 @@ class Admission:
             pk = (r.ref.kind, r.ref.group)
             if self.evictor.takeable(r.ref):
                 held[pk] = held.get(pk, 0) + 1
-        short, too_large = {}, {}
-        for pk, k in need.items():
-            avail = self.evictor.available(pk) - held.get(pk, 0)
-            if k > avail:
-                short[f"{pk[0]}/{pk[1]}"] = (k, avail)
-            if k > self.pools[pk].n:
-                too_large[f"{pk[0]}/{pk[1]}"] = (k, self.pools[pk].n)
         total = sum(need.values())
+        short, too_large = self._short_pages(total, held) if self.arena is not None \
+            else self._short_blocks(need, held)
         n = self.in_transit()
         if not can_admit_objects(n, total, self.cap):
             short["in_transit"] = (total, self.cap - n)
@@ -60,6 +62,25 @@ class Admission:
             raise RequestTooLarge("allocation can never fit this cache", too_large)
         if short:
             raise AdmissionRefused("allocation refused", short)
+
+    def _short_blocks(self, need, held):
+        """Per pool: its blocks against its free + takeable cached ones."""
+        short, too_large = {}, {}
+        for pk, k in need.items():
+            avail = self.evictor.available(pk) - held.get(pk, 0)
+            if k > avail:
+                short[f"{pk[0]}/{pk[1]}"] = (k, avail)
+            if k > self.pools[pk].n:
+                too_large[f"{pk[0]}/{pk[1]}"] = (k, self.pools[pk].n)
+        return short, too_large
+
+    def _short_pages(self, total, held):
+        """Arena mode: every pool's blocks together against the arena's free pages plus every
+        pool's takeable cached blocks."""
+        avail = self.arena.available(self.pools, self.evictor) - sum(held.values())
+        short = {"arena": (total, avail)} if total > avail else {}
+        num_pages = self.arena.num_pages
+        return short, ({"arena": (total, num_pages)} if total > num_pages else {})
 
     def admits(self, extra):
         """The cap admits ``extra`` more objects in transit now."""

@@ -14,7 +14,9 @@ What is checked, and how (DESIGN §5):
     lookup can reach is a violation;
   * routing: index maps and tree relations agree (PrefixIndex.check), the evictor's sets hold
     only what they say (Evictor.check), every LOADING block has exactly one load;
-  * pool integrity (free bookkeeping, counters, alignment, checked-mode shadows).
+  * pool integrity (free bookkeeping, counters, alignment, checked-mode shadows);
+  * arena mode: page routing (Arena.check: a held block's page is its pool's, no page held
+    twice, free pages have no owner).
 
 Two depths.  ``check_all`` (``check_invariants()``) sweeps every block.  ``check_call`` runs
 after every outermost public call on the blocks the call touched (``Pool.touched``) and the
@@ -158,6 +160,8 @@ class Checker:
             if bad:
                 _fail("pool_integrity", (pk, bad[:3]))
         bad = mgr.index.check(mgr.pools) + mgr.evictor.check()
+        if mgr.arena is not None:
+            bad += mgr.arena.check(mgr.pools)
         if bad:
             _fail("state_routing", bad[:3])
         self._globals()

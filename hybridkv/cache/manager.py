@@ -17,12 +17,15 @@ The flow of one request (what an engine does, what each call does here):
 Drafts: ``allocate(..., num_draft_tokens=k)`` then ``accept_drafts`` / ``reject_drafts``.
 Every public call holds one re-entrant lock and never does blocking I/O under it.  Bad input
 raises a named error from hybridkv.errors and changes nothing; so does AdmissionRefused.
+``num_pages=N`` (instead of ``num_blocks``) draws every pool's blocks from one arena of N equal
+pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind.
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
 invariants after every public call (hybridkv.cache.checked).
 """
 import threading
 
 from hybridkv.cache.admission import Admission
+from hybridkv.cache.arena import Arena, ArenaPool
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.funnel import HitPlan, Read, run_funnel
@@ -74,13 +77,20 @@ def _device(device):
 
 
 class CacheManager:
-    def __init__(self, layout, num_blocks=64, device="cpu", disk=None, checked=False,
+    def __init__(self, layout, num_blocks=None, device="cpu", disk=None, checked=False,
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
-                 check_every=64):
+                 check_every=64, num_pages=None):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
+        if num_pages is not None:
+            if num_blocks is not None:
+                raise BadArgument("num_blocks and num_pages exclude each other", num_pages)
+            check_count("num_pages", num_pages, 1)
+            num_blocks = num_pages            # every pool keeps one record per page
+        elif num_blocks is None:
+            num_blocks = 64
         sizes = num_blocks if isinstance(num_blocks, dict) else \
             {pk: num_blocks for pk in layout.pool_keys()}
         if set(sizes) != set(layout.pool_keys()):
@@ -98,18 +108,19 @@ class CacheManager:
         self.max_iv, self.miv = max_iv, 0
         self.metrics = metrics or Metrics()
         self.ctx = {g.name: GroupCtx(g, max_ver, max_ep) for g in layout.groups}
+        self.arena = None if num_pages is None else \
+            Arena(num_pages, layout.page_nbytes(), self.device)
         self.pools = {}
         for kind, gname in layout.pool_keys():
-            g = layout.group(gname)
-            self.pools[(kind, gname)] = Pool(kind, g, sizes[(kind, gname)],
-                                             layout.pool_tensors(kind, g), layout.abi(kind, g),
-                                             self.ctx[gname], self.device, self.checked,
-                                             self.metrics.transition)
+            g, pk = layout.group(gname), (kind, gname)
+            shape = (layout.pool_tensors(kind, g), layout.abi(kind, g), self.ctx[gname])
+            self.pools[pk] = Pool(kind, g, sizes[pk], *shape, self.device, self.checked,
+                                  self.metrics.transition) if self.arena is None else \
+                ArenaPool(kind, g, self.arena, *shape, self.checked, self.metrics.transition)
         self.index = PrefixIndex(layout)
         self.evictor = Evictor(self.pools, self.index, policy_factory, self.metrics)
-        self.admission = Admission(self.pools, self.evictor,
-                                   cap if cap is not None else sum(sizes.values()),
-                                   self._transit)
+        self.admission = Admission(self.pools, self.evictor, cap if cap is not None else
+                                   num_pages or sum(sizes.values()), self._transit, self.arena)
         self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, every_n)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots)
         self.requests = {}
@@ -500,6 +511,8 @@ class CacheManager:
                "kv_bytes_held": self.kv_bytes_held(), **self.metrics.summary()}
         if self.disk_link is not None:
             out["disk"] = self.disk_link.stats()
+        if self.arena is not None:
+            out["arena"] = self.arena.stats(self.pools)
         return out
 
     def kv_bytes_held(self):
@@ -562,6 +575,12 @@ class CacheManager:
         need = probe.writer.blocks_needed(req, max_tokens, max_tokens, pts)
         return {pk: max(1, need.get(pk, 0) * max_requests) for pk in layout.pool_keys()}
 
+    @staticmethod
+    def arena_pages(layout, max_tokens, max_requests, every_n=0):
+        """Arena pages that hold ``max_requests`` requests of ``max_tokens`` each with their
+        checkpoints: every pool's ``pool_sizes`` on one page each."""
+        return sum(CacheManager.pool_sizes(layout, max_tokens, max_requests, every_n).values())
+
     @classmethod
     def for_spec(cls, cfg, checked=False):
         """A manager shaped like the spec's abstract system ``cfg`` (spec.SysConfig): one CSA
@@ -581,7 +600,10 @@ class CacheManager:
     # -- read-only queries for engine adapters (hybridkv.integrations) -------------------------
     @locked
     def available_blocks(self):
-        """pool key -> blocks an allocation could take now (free + evictable), in O(pools)."""
+        """pool key -> blocks an allocation could take now (free + evictable), in O(pools);
+        in arena mode the pages all of them could take together, the same for every pool."""
+        if self.arena is not None:
+            return dict.fromkeys(self.pools, self.arena.available(self.pools, self.evictor))
         return {pk: self.evictor.available(pk) for pk in self.pools}
 
     @locked

@@ -50,15 +50,12 @@ class Pool:
         self.rec_type, self.table = REC[kind], table_for(MACHINE[kind])
         self.ctx, self.checked, self.on_transition = ctx, checked, on_transition
         self.run_min = RUN_MIN    # fire_run batches runs at least this long
-        slots = num_blocks + 1                                           # + one spare
-        self.data = {name: storage(self.n_layers, slots, rows, dim, group.dtype, device)
-                     for name, (rows, dim) in tensors.items()}
+        self.data = self._make_storage(tensors, group.dtype, device)
         self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
                                 for r, d in tensors.values())
         self._first = next(iter(self.data.values()))
-        first_rows, first_dim = next(iter(tensors.values()))
         self._base = self._first.data_ptr()
-        self._slot_bytes = slot_bytes(first_rows, first_dim, group.dtype)
+        self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks
@@ -71,6 +68,12 @@ class Pool:
         self.watch, self.on_ready = set(), None   # on_ready(b) once a watched b lands READY
 
     # -- data -------------------------------------------------------------------------------
+    def _make_storage(self, tensors, dtype, device):
+        """name -> ``[n_layers, slots, rows, dim]``: this pool's own tensors, one spare slot
+        (hybridkv.cache.arena.ArenaPool draws its slots from the arena instead)."""
+        return {name: storage(self.n_layers, self.n + 1, rows, dim, dtype, device)
+                for name, (rows, dim) in tensors.items()}
+
     def layer(self, name, j):
         """Layer j's view ``[slots, rows, dim]`` of tensor ``name`` (what kernels read)."""
         return self.data[name][j]
@@ -242,11 +245,20 @@ class Pool:
         """Move block b's rows to the spare slot (its address changes), spec ``relocate``."""
         rec = self.recs[b]
         self.table.fire(rec.st, "relocate", rec, self.ctx)      # refuse before copying
-        old = self.phys[b]
+        old, new = self.phys[b], self._fresh_slot(rec.st)
         for t in self.data.values():
-            t[:, self.spare].copy_(t[:, old])
-        self.phys[b], self.spare = self.spare, old
+            t[:, new].copy_(t[:, old])
+        self.phys[b] = new
+        self._retire_slot(old)
         return self.fire(b, "relocate")
+
+    def _fresh_slot(self, st):
+        """The slot a relocation moves to: the spare."""
+        return self.spare
+
+    def _retire_slot(self, slot):
+        """The slot a relocation left becomes the spare."""
+        self.spare = slot
 
     def load_records(self, recs):
         """Replace every block's spec record (e.g. an abstract start state) and rebuild the
@@ -275,9 +287,13 @@ class Pool:
         n_w = sum(r.st == WRITING for r in self.recs)
         if n_w != self.n_writing:
             bad.append(("n_writing", self.n_writing, n_w))
+        return bad + self._check_slots() + self.check_blocks(range(self.n))
+
+    def _check_slots(self):
+        """Every slot is one block's or the spare, once."""
         if sorted(self.phys + [self.spare]) != list(range(self.n + 1)):
-            bad.append(("phys", self.phys, self.spare))
-        return bad + self.check_blocks(range(self.n))
+            return [("phys", self.phys, self.spare)]
+        return []
 
     def check_blocks(self, blocks):
         """Problems of single blocks (checked mode checks the touched ones after each call):

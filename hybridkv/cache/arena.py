@@ -1,0 +1,233 @@
+"""One block arena (opt-in: ``CacheManager(layout, num_pages=N)``): every (kind, group) pool
+draws its blocks' memory from one aligned buffer of ``num_pages`` equal pages.
+
+A page holds one block of any pool: ``page_nbytes`` is the largest pool block
+(``ModelLayout.page_nbytes``), smaller blocks are padded up (``ModelLayout.page_padding``).
+Inside a page a pool's tensors sit one after the other, each layer-major, so a pool's tensor
+is an as_strided view ``[n_layers, num_pages, rows, dim]`` whose page stride is the page bytes:
+a block table's slot IS the arena page id, one id space for every kind (vLLM's single
+block-id space).
+
+State routing, page by page: a page belongs to exactly one pool key from the moment its block
+leaves FREE to the moment the block returns to FREE (``ArenaPool._moved``: every path, evict,
+reject, drop_stale, load_bad); only a FREE page gets a new owner (``take``/``give`` refuse
+anything else); a FREE block holds no page (``phys[b] == NO_PAGE``).  Logical block ids stay
+per pool (each pool keeps ``num_pages`` spec records).
+
+What moves between kinds is capacity: admission counts total pages against free pages plus
+every pool's takeable cached blocks; when pages are short the arena picks the pool that gives
+one back (``giver``: the victim cheapest to recompute per page, dead ones first) and that pool
+evicts its own victim through its own path (``Evictor.make_room``: its own policy, the disk
+spill on eviction).  Never one global order across kinds.
+"""
+import torch
+
+from hybridkv.cache.pool import DTYPES, ObjRef, Pool
+from hybridkv.cache.tables import TransitionRefused
+from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
+from hybridkv.layout import ITEMSIZE, slot_bytes
+from spec.common import FREE
+from spec.funnel import GPU_BLOCK_ALIGN
+
+NO_PAGE = -1            # phys[b] of a FREE block: it holds no page
+COVERED = 6             # record field after the common six: the position a block covers (h / hi)
+
+
+class Arena:
+    def __init__(self, num_pages, page_nbytes, device="cpu"):
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
+            raise BadArgument("num_pages must be a positive int", num_pages)
+        if page_nbytes <= 0 or page_nbytes % GPU_BLOCK_ALIGN:
+            raise BadArgument("page bytes must be a positive multiple of the alignment",
+                              page_nbytes)
+        self.num_pages, self.page_nbytes, self.device = num_pages, page_nbytes, device
+        total = num_pages * page_nbytes
+        raw = torch.empty(total + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
+        start = (-raw.data_ptr()) % GPU_BLOCK_ALIGN
+        self.buffer = raw[start:start + total]               # every page starts aligned
+        self.owner = [None] * num_pages                      # page -> pool key, None while free
+        self.free = list(range(num_pages - 1, -1, -1))       # stack of free pages
+        self.is_free_page = bytearray(b"\x01") * num_pages
+        self.pages_held = {}                                 # pool key -> pages it owns
+
+    @property
+    def n_free(self):
+        return len(self.free)
+
+    # -- memory ------------------------------------------------------------------------------
+    def views(self, pool_key, tensors, n_layers, dtype):
+        """name -> ``[n_layers, num_pages, rows, dim]`` views of pool ``pool_key``'s tensors
+        over the buffer: tensor after tensor inside each page, layer j of a tensor at
+        ``j * slot_bytes`` after its start (the pool's block bytes, padded to the page)."""
+        itemsize, offset, out = ITEMSIZE[dtype], 0, {}
+        typed = self.buffer.view(DTYPES[dtype])
+        for name, (rows, dim) in tensors.items():
+            layer_nbytes = slot_bytes(rows, dim, dtype)
+            t = typed.as_strided((n_layers, self.num_pages, rows, dim),
+                                 (layer_nbytes // itemsize, self.page_nbytes // itemsize, dim, 1),
+                                 typed.storage_offset() + offset // itemsize)
+            if t.is_floating_point():
+                t.fill_(float("nan"))     # a read of a row nobody wrote poisons the output
+            out[name] = t
+            offset += n_layers * layer_nbytes
+        if offset > self.page_nbytes:
+            raise LayoutError("a pool block is larger than the arena page",
+                              (pool_key, offset, self.page_nbytes))
+        self.pages_held[pool_key] = 0
+        return out
+
+    # -- pages change owner only while FREE ----------------------------------------------------
+    def take(self, pool_key):
+        """A free page now owned by ``pool_key`` (its block just left FREE)."""
+        if not self.free:
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        page = self.free.pop()
+        if not self.is_free_page[page] or self.owner[page] is not None:
+            raise InvariantViolation("arena_routing", ("page taken twice", page,
+                                                       self.owner[page], pool_key))
+        self.is_free_page[page], self.owner[page] = 0, pool_key
+        self.pages_held[pool_key] += 1
+        return page
+
+    def give(self, pool_key, page):
+        """Page ``page`` is free again (its block returned to FREE in pool ``pool_key``)."""
+        if self.is_free_page[page] or self.owner[page] != pool_key:
+            raise InvariantViolation("arena_routing", ("page given back by a non-owner", page,
+                                                       self.owner[page], pool_key))
+        self.is_free_page[page], self.owner[page] = 1, None
+        self.pages_held[pool_key] -= 1
+        self.free.append(page)
+
+    # -- capacity across kinds ----------------------------------------------------------------
+    def available(self, pools, evictor):
+        """Pages an allocation could have now: free pages plus every pool's cached blocks
+        eviction can take (Evictor.available counts only those, beside its free blocks)."""
+        return self.n_free + sum(evictor.available(pk) - pool.n_free
+                                 for pk, pool in pools.items())
+
+    def giver(self, pools, evictor):
+        """The pool that gives a page back: the one whose own victim is cheapest to recompute
+        per page (FLOPs a hit through it saves, the evictor's rule: covered tokens x layers;
+        0 for a victim no lookup can reach), the pool holding more pages on a tie; None
+        when no pool has a victim."""
+        best, best_cost = None, None
+        for pk, pool in pools.items():
+            b = evictor.victim(pk)
+            if b is None:
+                continue
+            reachable = evictor.index.reachable(ObjRef(pk[0], pk[1], b))
+            cost = (pool.recs[b][COVERED] * pool.n_layers if reachable else 0,
+                    -self.pages_held[pk])
+            if best_cost is None or cost < best_cost:
+                best, best_cost = pk, cost
+        return best
+
+    def make_room(self, num_pages, pools, evictor):
+        """Until ``num_pages`` pages are free: the ``giver`` pool evicts one victim through its
+        own path (Evictor.make_room: its policy, the disk spill on eviction).  Admission
+        counted only takeable blocks, so this does not run short."""
+        while self.n_free < num_pages:
+            pk = self.giver(pools, evictor)
+            if pk is None:
+                raise AdmissionRefused("arena exhausted", {"arena": (num_pages, self.n_free)})
+            evictor.make_room(pk, pools[pk].n_free + 1)
+
+    # -- checks and stats -----------------------------------------------------------------------
+    def check(self, pools):
+        """Problems (empty list = sound): every held block's page is owned by its pool, no
+        page is held twice, a FREE block holds no page, free pages have no owner and sit on
+        the free list once, the per-owner counts agree."""
+        bad, holder = [], {}
+        for pk, pool in pools.items():
+            for b, rec in enumerate(pool.recs):
+                page = pool.phys[b]
+                if rec.st == FREE:
+                    if page != NO_PAGE:
+                        bad.append(("page-of-free-block", pk, b, page))
+                elif page in holder:
+                    bad.append(("page-held-twice", page, holder[page], (pk, b)))
+                elif page == NO_PAGE or self.owner[page] != pk or self.is_free_page[page]:
+                    bad.append(("page-owner", pk, b, page))
+                holder.setdefault(page, (pk, b))
+        if sorted(self.free) != [p for p in range(self.num_pages) if self.is_free_page[p]]:
+            bad.append(("free-list", len(self.free)))
+        for page in range(self.num_pages):
+            if self.is_free_page[page] and (self.owner[page] is not None or page in holder):
+                bad.append(("free-page-owned", page, self.owner[page], holder.get(page)))
+            if not self.is_free_page[page] and page not in holder:
+                bad.append(("page-leaked", page, self.owner[page]))
+        held = {pk: sum(o == pk for o in self.owner) for pk in self.pages_held}
+        if held != self.pages_held:
+            bad.append(("pages-held", self.pages_held, held))
+        return bad
+
+    def stats(self, pools):
+        """Pages free / used per owner and the padding waste (bytes padded / bytes of pages):
+        per pool, and over the pages held now."""
+        used = {f"{k}/{g}": n for (k, g), n in self.pages_held.items()}
+        padded = {f"{k}/{g}": 1 - pools[(k, g)].block_nbytes / self.page_nbytes
+                  for (k, g) in self.pages_held}
+        n_used = self.num_pages - self.n_free
+        waste = sum(padded[name] * n for name, n in used.items()) / n_used if n_used else 0.0
+        return {"pages": self.num_pages, "page_bytes": self.page_nbytes, "free": self.n_free,
+                "used": used, "padding_waste": {**padded, "held": waste}}
+
+
+class ArenaPool(Pool):
+    """A pool whose block b holds arena page ``phys[b]`` from leaving FREE to returning to
+    FREE (``NO_PAGE`` meanwhile); ``num_pages`` spec records; a relocation moves to another
+    free page."""
+
+    def __init__(self, kind, group, arena, tensors, abi, ctx, checked=False,
+                 on_transition=None):
+        self.arena, self.key = arena, (kind, group.name)
+        super().__init__(kind, group, arena.num_pages, tensors, abi, ctx, arena.device, checked,
+                         on_transition)
+        self.phys = [NO_PAGE] * self.n
+        self.spare = None                     # no spare slot: relocation takes a free page
+
+    def _make_storage(self, tensors, dtype, device):
+        return self.arena.views(self.key, tensors, self.n_layers, dtype)
+
+    def alloc(self):
+        """A FREE block id, or None when the arena has no page for it to take."""
+        return super().alloc() if self.arena.n_free else None
+
+    def alloc_run(self, n):
+        """At most as many FREE block ids as the arena has pages for them to take."""
+        return super().alloc_run(min(n, self.arena.n_free))
+
+    def _moved(self, b, old, new):
+        super()._moved(b, old, new)
+        if old == FREE:
+            self.phys[b] = self.arena.take(self.key)
+        elif new == FREE:
+            self.arena.give(self.key, self.phys[b])
+            self.phys[b] = NO_PAGE
+
+    def _fresh_slot(self, st):
+        if not self.arena.n_free:
+            raise TransitionRefused(self.kind, st, "relocate")
+        return self.arena.take(self.key)
+
+    def _retire_slot(self, slot):
+        self.arena.give(self.key, slot)
+
+    def _check_slots(self):
+        return []                             # pages: Arena.check, over every pool at once
+
+    def check_blocks(self, blocks):
+        """Pool.check_blocks, and: a held block's page is owned by this pool and not free, a
+        FREE block holds no page."""
+        bad, arena = super().check_blocks(blocks), self.arena
+        for b in blocks:
+            page = self.phys[b]
+            if self.recs[b].st == FREE:
+                if page != NO_PAGE:
+                    bad.append(("page-of-free-block", b, page))
+            elif page == NO_PAGE or arena.owner[page] != self.key or arena.is_free_page[page]:
+                bad.append(("page-owner", b, page))
+        return bad
+
+    def load_records(self, recs):
+        raise BadArgument("an arena pool takes no abstract start state", self.key)

@@ -22,7 +22,8 @@ spill on eviction).  Never one global order across kinds.
 """
 import torch
 
-from hybridkv.cache.pool import DTYPES, ObjRef, Pool
+from hybridkv.cache.pool import ObjRef, Pool
+from hybridkv.cache.storage import DTYPES
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
 from hybridkv.layout import ITEMSIZE, slot_bytes

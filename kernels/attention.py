@@ -49,7 +49,7 @@ def _update(q, kv, valid, m, l, acc, scale, USE_DOT: tl.constexpr, PREC: tl.cons
 
 @triton.jit
 def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
-                 window, ratio, scale, bt_stride, cbt_stride, sel_stride,
+                 window, ratio, scale, bt_stride, cbt_stride, sel_stride, kv_stride, ckv_stride,
                  MODE: tl.constexpr, BS: tl.constexpr, CBS: tl.constexpr, NH: tl.constexpr,
                  D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_S: tl.constexpr, N_SEL: tl.constexpr, USE_DOT: tl.constexpr,
@@ -69,7 +69,7 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
         p = lo + t * BLOCK_N + n
         valid = p <= i
         blk = tl.load(BT + r * bt_stride + p // BS, mask=valid, other=0)
-        kv = tl.load(KV + blk[:, None] * (BS * D) + (p % BS)[:, None] * D + d[None, :],
+        kv = tl.load(KV + blk[:, None] * kv_stride + (p % BS)[:, None] * D + d[None, :],
                      mask=valid[:, None], other=0.0).to(tl.float32)
         m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
     if MODE == 1:
@@ -79,7 +79,7 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
             j = tl.load(SEL + pid * sel_stride + k_off, mask=k_off < N_SEL, other=-1)
             valid = j >= 0
             blk = tl.load(CBT + r * cbt_stride + j // CBS, mask=valid, other=0)
-            kv = tl.load(CKV + blk[:, None] * (CBS * D) + (j % CBS)[:, None] * D + d[None, :],
+            kv = tl.load(CKV + blk[:, None] * ckv_stride + (j % CBS)[:, None] * D + d[None, :],
                          mask=valid[:, None], other=0.0).to(tl.float32)
             m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
     if MODE == 2:
@@ -88,7 +88,7 @@ def _attn_kernel(Q, KV, CKV, SINK, POS, REQ, BT, CBT, SEL, OUT,
             j = t * BLOCK_N + n
             valid = j < n_vis
             blk = tl.load(CBT + r * cbt_stride + j // CBS, mask=valid, other=0)
-            kv = tl.load(CKV + blk[:, None] * (CBS * D) + (j % CBS)[:, None] * D + d[None, :],
+            kv = tl.load(CKV + blk[:, None] * ckv_stride + (j % CBS)[:, None] * D + d[None, :],
                          mask=valid[:, None], other=0.0).to(tl.float32)
             m, l, acc = _update(q, kv, valid, m, l, acc, scale, USE_DOT, PREC)
     o = acc / l[:, None]
@@ -184,7 +184,7 @@ def attention_launch(mode, q, swa_pool, comp_pool, plan, sink, out, window, rati
                and (mode != "sparse" or block_s >= 16))
     args = (q, swa_pool, cp, sink, plan.pos, plan.req, plan.swa_table, plan.comp_table, plan.sel,
             out, int(window), int(ratio), 1.0 / math.sqrt(d), plan.swa_table.stride(0),
-            plan.comp_table.stride(0), plan.sel.stride(0))
+            plan.comp_table.stride(0), plan.sel.stride(0), swa_pool.stride(0), cp.stride(0))
     meta = dict(MODE=MODES[mode], BS=swa_pool.shape[1], CBS=cp.shape[1], NH=nh, D=d,
                 BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_S=block_s, N_SEL=plan.sel.shape[1],
                 USE_DOT=use_dot, PREC="ieee" if swa_pool.dtype == torch.float32 else "tf32",

@@ -40,7 +40,7 @@ class CompressSlice(NamedTuple):
 
 
 @triton.jit
-def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride,
+def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride, pool_stride,
                      M: tl.constexpr, OV: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, CBS: tl.constexpr):
     e = tl.program_id(0)
@@ -62,7 +62,7 @@ def _compress_kernel(KV, G, APE, POOL, BT, J, ROW0, TROW, C, bt_stride,
     w = tl.exp(g - tl.max(g, axis=0)[None, :])
     out = tl.sum(w * kv, axis=0) / tl.sum(w, axis=0)
     blk = tl.load(BT + trow * bt_stride + j // CBS)
-    tl.store(POOL + blk * (CBS * D) + (j % CBS) * D + d, out.to(POOL.dtype.element_ty))
+    tl.store(POOL + blk * pool_stride + (j % CBS) * D + d, out.to(POOL.dtype.element_ty))
 
 
 def compress_ref(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap):
@@ -144,7 +144,8 @@ def compress_launch(work, ape, pool, ratio, overlap):
     rows, d = pow2(ratio + overlap), pool.shape[2]
     block_d = min(d, max(1, TILE // rows))
     return Launch(_compress_kernel, (len(js), d // block_d),
-                  (kv, gate, ape, pool, bt, arr[0], arr[1], arr[2], kv.shape[1], bt.stride(0)),
+                  (kv, gate, ape, pool, bt, arr[0], arr[1], arr[2], kv.shape[1], bt.stride(0),
+                   pool.stride(0)),
                   dict(M=ratio, OV=overlap, ROWS=rows, D=d, BLOCK_D=block_d, CBS=pool.shape[1]))
 
 def compress(rows_kv, rows_gate, ape, pool, table, base, j0, j1, ratio, overlap, *,

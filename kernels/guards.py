@@ -6,7 +6,7 @@ topology); this module only turns tensors into the values those rules take and r
 rule says no.  A refused launch has written nothing.
 """
 from spec.funnel import (GPU_ALIGN, POOL_LAYOUT, AbiDesc, PinCheck, can_hit_abi,  # noqa: F401
-                         can_hit_bytes, can_read_pinned, can_replay, pool_abi)
+                         can_hit_bytes, can_pad_blocks, can_read_pinned, can_replay, pool_abi)
 
 KERNEL_VERSION = 1
 
@@ -28,9 +28,17 @@ class LaunchRefused(Exception):
 
 def tensor_abi(pool, kernel_version):
     """The AbiDesc a pool tensor ``[blocks, rows, dim]`` actually has (its objects written by
-    kernels of ``kernel_version``): the same vocabulary as the layout's (spec.funnel.pool_abi)."""
-    return AbiDesc(dtype_name(pool.dtype), POOL_LAYOUT, tuple(pool.stride()),
-                   int(pool.shape[1]), int(pool.shape[2]), int(kernel_version))
+    kernels of ``kernel_version``): the same vocabulary as the layout's (spec.funnel.pool_abi).
+    Its strides are its blocks' layout: a block stride that spec.funnel.can_pad_blocks accepts
+    (dense blocks on padded, aligned pages: the arena's) reads as the dense one, since every
+    kernel takes ``pool.stride(0)`` as an argument; any other stride, and the row and element
+    strides always, are reported as they are."""
+    rows, dim = int(pool.shape[1]), int(pool.shape[2])
+    strides = tuple(pool.stride())
+    size = pool.element_size()
+    if can_pad_blocks(strides[0] * size, rows * dim * size):
+        strides = (rows * dim, *strides[1:])
+    return AbiDesc(dtype_name(pool.dtype), POOL_LAYOUT, strides, rows, dim, int(kernel_version))
 
 
 def dtype_name(dtype):
@@ -39,8 +47,8 @@ def dtype_name(dtype):
 
 
 def supported_abi(rows, dim, dtype="float32"):
-    """The ABI this build's kernels read: ``dtype`` rows (one of POOL_DTYPES' values), dense,
-    this kernel version."""
+    """The ABI this build's kernels read: ``dtype`` rows (one of POOL_DTYPES' values), dense
+    blocks (any block stride spec.funnel.can_pad_blocks accepts), this kernel version."""
     return pool_abi(dtype, int(rows), int(dim), KERNEL_VERSION)
 
 
@@ -70,7 +78,7 @@ def check_bytes(what, t, row=True):
 def check_pool(what, pool, abi=None, head_dim=None, dtypes=("float32",)):
     """A paged pool ``[blocks, rows, dim]``: the tensor is what ``abi`` (the AbiDesc the
     cache's layout records for it: funnel layer 2's vocabulary) says, and that is what this
-    launch reads (a dtype of ``dtypes``, dense, this kernel version) -- one rule,
+    launch reads (a dtype of ``dtypes``, dense blocks, this kernel version) -- one rule,
     spec.funnel.can_hit_abi, twice -- then alignment.  ``abi`` None: the tensor must simply be
     what the launch reads; ``head_dim``: the row width the launch's queries have; ``dtypes``:
     the pool dtypes the launch's compute dtype reads (POOL_DTYPES), the first if the tensor's

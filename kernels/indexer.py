@@ -21,6 +21,7 @@ from kernels.plan import TILE, Launch, pow2
 
 @triton.jit
 def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, sel_stride,
+                  keys_stride,
                   NI: tl.constexpr, DI: tl.constexpr, CBS: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_T: tl.constexpr, K: tl.constexpr, USE_DOT: tl.constexpr,
                   PREC: tl.constexpr):
@@ -37,7 +38,7 @@ def _index_kernel(IQ, IW, KEYS, POS, REQ, IBT, SEL, SCORES, ratio, bt_stride, se
         e = e0 + t
         valid = e < n_vis
         blk = tl.load(IBT + r * bt_stride + e // CBS, mask=valid, other=0)
-        k = tl.load(KEYS + blk[:, None] * (CBS * DI) + (e % CBS)[:, None] * DI + d[None, :],
+        k = tl.load(KEYS + blk[:, None] * keys_stride + (e % CBS)[:, None] * DI + d[None, :],
                     mask=valid[:, None], other=0.0).to(tl.float32)
         if USE_DOT:   # fp32 products: ieee over fp32 keys, tf32 (exact there) over bf16 / fp8
             dots = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -126,7 +127,7 @@ def index_launch(iq, iw, keys_pool, plan, ratio, scores):
         block_t = min(block_e, 32)
     return Launch(_index_kernel, (n_q,),
                   (iq, iw, keys_pool, plan.pos, plan.req, plan.idx_table, plan.sel, scores,
-                   int(ratio), plan.idx_table.stride(0), plan.sel.stride(0)),
+                   int(ratio), plan.idx_table.stride(0), plan.sel.stride(0), keys_pool.stride(0)),
                   dict(NI=ni, DI=di, CBS=keys_pool.shape[1], BLOCK_E=block_e, BLOCK_T=block_t,
                        K=plan.top_k, USE_DOT=use_dot,
                        PREC="ieee" if keys_pool.dtype == torch.float32 else "tf32",

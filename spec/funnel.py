@@ -38,8 +38,17 @@ class PinCheck(NamedTuple):
 def pool_abi(dtype, rows, dim, kernel_version):
     """The AbiDesc of one layer's view of a paged pool, ``[blocks, rows, dim]`` dense: what the
     layout records for a pool, what a stored object carries, and what a kernel launch checks
-    the tensor it is given against (one vocabulary for funnel layer 2 and the launch)."""
+    the tensor it is given against (one vocabulary for funnel layer 2 and the launch).  The
+    strides are one block's layout; blocks lying further apart (arena pages) read as this
+    same ABI when ``can_pad_blocks`` says their stride is a padded one."""
     return AbiDesc(str(dtype), POOL_LAYOUT, (rows * dim, dim, 1), rows, dim, kernel_version)
+
+
+def can_pad_blocks(stride_bytes, block_bytes):
+    """A pool's blocks lie ``stride_bytes`` apart, each holding a dense block of ``block_bytes``
+    followed by padding: at least the block, every block start on GPU_BLOCK_ALIGN (the kernels
+    take the block stride as a launch argument)."""
+    return And(stride_bytes >= block_bytes, Mod(stride_bytes, GPU_BLOCK_ALIGN) == 0)
 
 
 # Admission (I1) -----------------------------------------------------------------------------

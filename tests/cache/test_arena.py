@@ -11,13 +11,11 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import initialize, invariant
 
 import hybridkv as hk
-import kernels.guards
 from hybridkv.cache import CacheManager
 from hybridkv.cache.arena import Arena, ArenaPool
 from hybridkv.engine import Engine, cold_mismatches
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from hybridkv.model import SeqWork
-from kernels.guards import LaunchRefused
 from spec.common import FREE, WRITING
 from tests.cache.helpers import LAY, P40, commit_all, fingerprint, run
 from tests.cache.test_stateful_pressure import Pressure
@@ -152,50 +150,47 @@ M = hk.V4Mini(seed=0)
 SYS = [(7 * i + 3) % 250 for i in range(30)]
 
 
-def page_stride_reader(monkeypatch):
-    """Test seam: the kernels' ABI check reads the block stride as a launch argument (what a
-    kernel taking ``pool.stride(0)`` accepts); the torch backend indexes ``pool[blocks, rows]``,
-    so it reads through any block stride."""
-    dense = kernels.guards.tensor_abi
-
-    def block_stride_free(pool, kernel_version):
-        rows, dim = pool.shape[1], pool.shape[2]
-        if tuple(pool.stride()[1:]) == (dim, 1):
-            pool = pool.as_strided(pool.shape, (rows * dim, dim, 1))   # metadata only
-        return dense(pool, kernel_version)
-    monkeypatch.setattr(kernels.guards, "tensor_abi", block_stride_free)
+MT = hk.V4Mini(seed=0, backend="triton")
 
 
-def test_the_dense_kernels_refuse_arena_pages_rather_than_misread():
-    """The kernels read dense pools (block stride rows x dim, spec.funnel.pool_abi); an arena
-    view's block stride is the page: the ABI guard refuses the launch before anything runs."""
-    cache = CacheManager(M.layout(), num_pages=64)
-    cache.lookup("a", SYS[:12])
-    cache.allocate("a", 12)
-    pins = {g.name: cache.launch_pins("a", g.name) for g in cache.layout.groups}
-    with pytest.raises(LaunchRefused) as e:
-        M.forward([SeqWork(SYS[:12], 0, cache.tables("a"), pins, 12)], cache)
-    assert e.value.check == "abi"
+def test_the_kernels_read_arena_pages():
+    """An arena view's block stride is the page (> rows x dim): the Triton kernels take it as
+    a launch argument, so a forward over the arena runs and gives the torch backend's bytes,
+    and the per-pool mode's."""
+    logits = {}
+    for mode, kw in (("pools", dict(num_blocks=64)), ("arena", dict(num_pages=64))):
+        for model in (M, MT):
+            cache = CacheManager(model.layout(), **kw)
+            cache.lookup("a", SYS[:12])
+            cache.allocate("a", 12)
+            pins = {g.name: cache.launch_pins("a", g.name) for g in cache.layout.groups}
+            out = model.forward([SeqWork(SYS[:12], 0, cache.tables("a"), pins, 12)], cache)
+            logits[mode, model.backend] = out
+    pools = CacheManager(M.layout(), num_blocks=64).layer_pools(0)["swa"]["kv"]
+    arena = CacheManager(M.layout(), num_pages=64).layer_pools(0)["swa"]["kv"]
+    assert arena.stride(0) > pools.stride(0) == arena.shape[1] * arena.shape[2]
+    for backend in ("torch", "triton"):
+        assert torch.equal(logits["arena", backend][0], logits["pools", backend][0])
+    assert torch.allclose(logits["arena", "triton"][0], logits["arena", "torch"][0], atol=1e-5)
 
 
-def test_engine_in_arena_mode_equals_per_pool_mode_and_cold_runs(monkeypatch):
-    """Through a block-stride reader the arena's tables and views give the model exactly the
-    bytes the per-pool mode does: the same tokens, each equal to a cold run's, reuse too."""
-    page_stride_reader(monkeypatch)
+@pytest.mark.parametrize("model", [M, MT], ids=["torch", "triton"])
+def test_engine_in_arena_mode_equals_per_pool_mode_and_cold_runs(model):
+    """The arena's tables and views give the model exactly the bytes the per-pool mode does:
+    the same tokens, each equal to a cold run's, reuse too, on either backend."""
     prompts = [SYS[:12], SYS[:16] + [9] * 8, SYS[:20], [3] * 14, SYS + [1, 2]]
     outs = {}
     for mode, kw in (("pools", dict(num_blocks=64)), ("arena", dict(num_pages=160))):
-        e = Engine(M, CacheManager(M.layout(), checked=True, **kw), max_running=4)
+        e = Engine(model, CacheManager(model.layout(), checked=True, **kw), max_running=4)
         outs[mode] = e.generate(prompts, 5) + e.generate([SYS + [1, 2, 4]], 4)
         assert e.last_outputs[0].reused_tokens > 0
-        assert cold_mismatches(M, e.last_outputs[0]) == 0
+        assert cold_mismatches(model, e.last_outputs[0]) == 0
         assert e.stats()["launch_refused"] == 0
         e.cache.check_invariants()
     assert outs["arena"] == outs["pools"]
 
 
-def test_engine_under_arena_pressure_matches_cold_runs(monkeypatch):
-    page_stride_reader(monkeypatch)
+def test_engine_under_arena_pressure_matches_cold_runs():
     e = Engine(M, CacheManager(M.layout(), num_pages=48, checked=True), max_running=4)
     e.generate([SYS[:12], SYS[:16] + [9] * 8, SYS[:20], [3] * 14], 5)
     assert [cold_mismatches(M, o) for o in e.last_outputs] == [0] * 4

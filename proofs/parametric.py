@@ -1,0 +1,190 @@
+"""The parametric tier (``hybridkv prove --parametric``): every invariant proven for every
+number of objects, requests, disk slots and graphs at once.
+
+The state is ``proofs.pstate``'s: one array per record field over an uninterpreted sort, so
+no size is fixed.  The transition relation applies ``spec.step`` (the spec's own guards and
+effects, unchanged) to the parametric state with each action's element arguments left as
+free constants of their sort.  The strengthening S = ``spec.INVARIANTS`` +
+``spec.aux_facts.PARAMETRIC_AUX`` is stated per element and closed with ``ForAll``; counts
+(admission, pins = holders, one loader) are cardinality terms.  A fact is
+``proven-all-sizes`` when Z3 shows it holds in the initial state of every size and that
+S and T imply it after the step (unsat of the negation, quantifiers by MBQI and
+E-matching).  Other outcomes are reported, never rounded up: ``cti`` (a counterexample to
+induction: S is not inductive as stated) and ``unknown`` (Z3 gave up).
+"""
+import time
+from typing import NamedTuple
+
+import z3
+
+from spec import dual
+from spec.aux_facts import PARAMETRIC_AUX
+from spec.invariants import INVARIANTS
+from spec.step import step
+
+from proofs.encode import instances
+from proofs.pstate import DISK, GRAPH, OBJ, REQ, NotFirstOrder, Scope, consts
+
+SYMBOLIC = ("i", "p", "H", "ref", "r", "d", "g")   # every element and position argument
+
+
+def props():
+    return {**INVARIANTS, **{f"aux:{n}": p for n, p in PARAMETRIC_AUX.items()}}
+
+
+def _bool(x):
+    return z3.BoolVal(x) if isinstance(x, bool) else x
+
+
+def _arrays(s):
+    out = {("miv",): s.miv if dual.is_sym(s.miv) else z3.IntVal(s.miv)}
+    seqs = [(("mem", k), q) for k, q in enumerate(s.mem)]
+    seqs += [(("disk",), s.disk), (("req",), s.req), (("graph",), s.graph)]
+    for key, q in seqs:
+        out.update({key + p: a for p, a in q.arrays.items()})
+    return out
+
+
+class PEncoding:
+    """Frames P (before a step), Q (after it) and I (initial) of configuration ``c`` (its
+    constants: positions, counters, the cap; its sizes are ignored), the transition P -> Q
+    selected by ``act``, and every fact of ``props()`` closed in each frame.  Build it while
+    the mutants of interest are applied."""
+
+    def __init__(self, c):
+        self.c, self.scope = c, Scope(c)
+        sc = self.scope
+        dual.set_width(None)
+        dual.set_counter(sc.count)
+        try:
+            self._build(c, sc)
+        finally:
+            dual.set_counter(None)
+
+    def _build(self, c, sc):
+        pre, post, init = sc.state("P"), sc.state("Q"), sc.state("I")
+        self.act = act = z3.Int("act")
+        args = dict(i=z3.Const("a!i", OBJ), r=z3.Const("a!r", REQ), d=z3.Const("a!d", DISK),
+                    g=z3.Const("a!g", GRAPH), p=z3.Int("a!p"), H=z3.Int("a!H"),
+                    ref=tuple(z3.Const(f"a!ref{k}", OBJ) for k in range(len(pre.mem))))
+        self.args, self.inst, self.steps = args, [], []
+        for ins in instances(c, SYMBOLIC):
+            sc.points = []
+            en, s2 = step(pre, c, ins.name, tuple(args[a] if isinstance(a, str) else a
+                                                  for a in ins.args))
+            en, arrays = _bool(en), _arrays(s2)
+            if sc.open_vars(z3.And(en, *[a == a for a in arrays.values()])):
+                raise NotFirstOrder("a guard quantifies over a sequence", ins.name)
+            self.inst.append(ins)
+            self.steps.append((en, arrays, list(sc.points)))
+        self.facts, self.reads = {}, {}
+        for frame, s in (("P", pre), ("Q", post), ("I", init)):
+            self.facts[frame] = {n: sc.fact(lambda p=p, s=s: p(s, c)) for n, p in props().items()}
+        for n, f in self.facts["Q"].items():
+            self.reads[n] = set()
+            consts(f, self.reads[n])
+        self.axioms = {f: sc.card_axioms(f) for f in ("P", "Q", "I")}
+        self.deltas = [sc.deltas(arrays, points) for _, arrays, points in self.steps]
+        self.initial = sc.initial_values("I")
+        old, new = sc.frame_arrays["P"], sc.frame_arrays["Q"]
+        self.changed = [{str(new[p]) for p in new if not arrays[p].eq(old[p])}
+                        | {f"card{n}!Q" for n in d}
+                        for (_, arrays, _), d in zip(self.steps, self.deltas)]
+
+    def base(self, name, timeout_ms=0):
+        """Z3's verdict on: some initial state (any size) violates fact ``name``."""
+        return _check(self.initial + self.axioms["I"] + [z3.Not(self.facts["I"][name])],
+                      timeout_ms)
+
+    def step_query(self, name, a):
+        """The formulas whose unsat is: S and action instance ``a`` imply ``name`` after it;
+        None when the action writes nothing the fact reads (it holds after as before)."""
+        if not self.reads[name] & self.changed[a]:
+            return None
+        en, arrays, _ = self.steps[a]
+        new = self.scope.frame_arrays["Q"]
+        sub = [(new[p], arrays[p]) for p in new]
+        moved = self.deltas[a]
+        cards = list(self.scope.cards.values())
+        # a count the step leaves alone is the same function after it
+        same = [(k.func("Q"), k.func("P")(*[z3.Var(j, o.sort()) for j, o in enumerate(k.outer)]))
+                for k in cards if k.n not in moved]
+        post = z3.substitute(self.facts["Q"][name], *sub)
+        post = z3.substitute_funs(post, *same) if same else post
+        used = set()
+        consts(post, used)     # facts about counts the post-state fact never reads are left out
+        need = [k.n in moved and k.func("Q").name() in used for k in cards]
+        ax = [z3.substitute(f, *sub) for n, f in zip(need, self.axioms["Q"]) if n]
+        upd = [f for n, f in zip(need, self.scope.update_axioms(moved)) if n]
+        dom = [z3.And(x >= 1, x <= self.c.max_pos) for x in (self.args["p"], self.args["H"])]
+        return (list(self.facts["P"].values()) + self.axioms["P"] + ax + upd + dom
+                + [en, z3.Not(post)])
+
+    def induction(self, name, timeout_ms=0):
+        """Z3's verdict on: S and one step of some action reach a state violating ``name``
+        (sat, unknown or unsat, and the action of the first that is not unsat)."""
+        for a in range(len(self.inst)):
+            q = self.step_query(name, a)
+            if q is None:
+                continue
+            r = _check(q, timeout_ms)
+            if r != z3.unsat:
+                return r, self.inst[a].name
+        return z3.unsat, None
+
+
+def _solver(timeout_ms):
+    sol = z3.Solver()
+    if timeout_ms:
+        sol.set("timeout", timeout_ms)
+    return sol
+
+
+def _check(fs, timeout_ms):
+    """E-matching alone first (fast on most steps), then with model-based instantiation."""
+    sol = _solver(min(timeout_ms or 20_000, 20_000))
+    sol.set("smt.mbqi", False)
+    sol.add(*fs)
+    r = sol.check()
+    if r == z3.unsat:
+        return r
+    sol = _solver(timeout_ms)
+    sol.add(*fs)
+    return sol.check()
+
+
+class FactResult(NamedTuple):
+    name: str
+    result: str        # proven-all-sizes | cti | unknown
+    seconds: float
+    detail: str        # the action of a CTI, or why Z3 gave up
+
+    def as_json(self):
+        return {"name": self.name, "result": self.result, "seconds": round(self.seconds, 3),
+                "detail": self.detail}
+
+
+def prove_fact(enc, name, timeout_ms=120_000):
+    t0 = time.perf_counter()
+    b = enc.base(name, timeout_ms)
+    if b != z3.unsat:
+        how = "cti" if b == z3.sat else "unknown"
+        return FactResult(name, how, time.perf_counter() - t0, f"initial state: {b}")
+    r, act = enc.induction(name, timeout_ms)
+    res = "proven-all-sizes" if r == z3.unsat else ("cti" if r == z3.sat else "unknown")
+    detail = f"after {act}" if act else ("" if r == z3.unsat else str(r))
+    return FactResult(name, res, time.perf_counter() - t0, detail)
+
+
+def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None, stop_at_first=False):
+    """Every fact (or those in ``names``): list of FactResult, plus the build seconds."""
+    t0 = time.perf_counter()
+    enc = PEncoding(c)
+    built = time.perf_counter() - t0
+    out = []
+    for n in names or list(props()):
+        out.append(prove_fact(enc, n, timeout_ms))
+        tick(f"parametric {n}: {out[-1].result}")
+        if stop_at_first and out[-1].result != "proven-all-sizes":
+            break
+    return out, built

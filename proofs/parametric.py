@@ -47,8 +47,8 @@ def _arrays(s):
 
 class PEncoding:
     """Frames P (before a step), Q (after it) and I (initial) of configuration ``c`` (its
-    constants: positions, counters, the cap; its sizes are ignored), the transition P -> Q
-    selected by ``act``, and every fact of ``props()`` closed in each frame.  Build it while
+    constants: positions, counters, the cap; its sizes are ignored), one step P -> Q per
+    action instance, and every fact of ``props()`` closed in each frame.  Build it while
     the mutants of interest are applied."""
 
     def __init__(self, c):
@@ -63,7 +63,6 @@ class PEncoding:
 
     def _build(self, c, sc):
         pre, post, init = sc.state("P"), sc.state("Q"), sc.state("I")
-        self.act = act = z3.Int("act")
         args = dict(i=z3.Const("a!i", OBJ), r=z3.Const("a!r", REQ), d=z3.Const("a!d", DISK),
                     g=z3.Const("a!g", GRAPH), p=z3.Int("a!p"), H=z3.Int("a!H"),
                     ref=tuple(z3.Const(f"a!ref{k}", OBJ) for k in range(len(pre.mem))))
@@ -96,9 +95,11 @@ class PEncoding:
         return _check(self.initial + self.axioms["I"] + [z3.Not(self.facts["I"][name])],
                       timeout_ms)
 
-    def step_query(self, name, a):
+    def step_query(self, name, a, lean=False):
         """The formulas whose unsat is: S and action instance ``a`` imply ``name`` after it;
-        None when the action writes nothing the fact reads (it holds after as before)."""
+        None when the action writes nothing the fact reads (it holds after as before).
+        ``lean`` leaves out what is known of the counts the fact does not read (fewer
+        quantifiers: often faster, sometimes too weak)."""
         if not self.reads[name] & self.changed[a]:
             return None
         en, arrays, _ = self.steps[a]
@@ -113,7 +114,7 @@ class PEncoding:
         post = z3.substitute_funs(post, *same) if same else post
         used = set()
         consts(post, used)     # facts about counts the post-state fact never reads are left out
-        need = [k.n in moved and k.func("Q").name() in used for k in cards]
+        need = [k.n in moved and (not lean or k.func("Q").name() in used) for k in cards]
         ax = [z3.substitute(f, *sub) for n, f in zip(need, self.axioms["Q"]) if n]
         upd = [f for n, f in zip(need, self.scope.update_axioms(moved)) if n]
         dom = [z3.And(x >= 1, x <= self.c.max_pos) for x in (self.args["p"], self.args["H"])]
@@ -124,10 +125,17 @@ class PEncoding:
         """Z3's verdict on: S and one step of some action reach a state violating ``name``
         (sat, unknown or unsat, and the action of the first that is not unsat)."""
         for a in range(len(self.inst)):
-            q = self.step_query(name, a)
-            if q is None:
+            full = self.step_query(name, a)
+            if full is None:
                 continue
-            r = _check(q, timeout_ms)
+            # sat is trusted only from the full query (the lean one drops true assumptions)
+            r = _check(full, 5_000, mbqi=False)
+            r = r if r == z3.unsat else _check(full, min(timeout_ms or 15_000, 15_000))
+            if r != z3.unsat:
+                lean = self.step_query(name, a, lean=True)
+                r2 = _check(lean, 5_000, mbqi=False)
+                r2 = r2 if r2 == z3.unsat else _check(lean, timeout_ms)
+                r = r2 if r2 == z3.unsat or r != z3.sat else r
             if r != z3.unsat:
                 return r, self.inst[a].name
         return z3.unsat, None
@@ -140,17 +148,14 @@ def _solver(timeout_ms):
     return sol
 
 
-def _check(fs, timeout_ms):
-    """E-matching alone first (fast on most steps), then with model-based instantiation."""
-    sol = _solver(min(timeout_ms or 20_000, 20_000))
-    sol.set("smt.mbqi", False)
+def _check(fs, timeout_ms, mbqi=True):
+    """One attempt; ``mbqi=False``: E-matching alone (fast on most steps, never sat)."""
+    sol = _solver(timeout_ms)
+    if not mbqi:
+        sol.set("smt.mbqi", False)
     sol.add(*fs)
     r = sol.check()
-    if r == z3.unsat:
-        return r
-    sol = _solver(timeout_ms)
-    sol.add(*fs)
-    return sol.check()
+    return r if mbqi or r == z3.unsat else z3.unknown
 
 
 class FactResult(NamedTuple):
@@ -176,7 +181,8 @@ def prove_fact(enc, name, timeout_ms=120_000):
     return FactResult(name, res, time.perf_counter() - t0, detail)
 
 
-def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None, stop_at_first=False):
+def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
+                     stop_at_first=False):
     """Every fact (or those in ``names``): list of FactResult, plus the build seconds."""
     t0 = time.perf_counter()
     enc = PEncoding(c)
@@ -188,3 +194,26 @@ def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None, st
         if stop_at_first and out[-1].result != "proven-all-sizes":
             break
     return out, built
+
+
+def mutate_parametric(c, todo, timeout_ms=60_000, tick=lambda *_: None):
+    """Each guard mutant on the parametric tier: ``killed`` when some fact is no longer
+    proven for all sizes (a CTI, or Z3 giving up where the unmutated proof succeeds),
+    ``redundant`` when every fact stays proven (the conjunct provably does not matter at any
+    size), ``unused`` when the model never calls the guard.  Returns dicts."""
+    from proofs.mutate import applied, guards_called
+    used = guards_called(lambda: PEncoding(c))
+    out = []
+    for m in todo:
+        t0 = time.perf_counter()
+        if m.guard not in used:
+            out.append(dict(mutant=m.name, result="unused", fact="", seconds=0.0))
+            continue
+        with applied(m):
+            res, _ = prove_parametric(c, timeout_ms=timeout_ms, stop_at_first=True)
+        bad = [r for r in res if r.result != "proven-all-sizes"]
+        out.append(dict(mutant=m.name, result="killed" if bad else "redundant",
+                        fact=f"{bad[0].name} ({bad[0].result} {bad[0].detail})" if bad else "",
+                        seconds=round(time.perf_counter() - t0, 1)))
+        tick(f"mutant {m.name}: {out[-1]['result']}")
+    return out

@@ -9,8 +9,8 @@ free constants of their sort.  The strengthening S = ``spec.INVARIANTS`` +
 (admission, pins = holders, one loader) are cardinality terms.  A fact is
 ``proven-all-sizes`` when Z3 shows it holds in the initial state of every size and that
 S and T imply it after the step (unsat of the negation, quantifiers by MBQI and
-E-matching).  Other outcomes are reported, never rounded up: ``cti`` (a counterexample to
-induction: S is not inductive as stated) and ``unknown`` (Z3 gave up).
+E-matching).  Otherwise it is ``bounded-only`` (what the FAST and DEEP tiers prove), with
+the reason, never rounded up: a CTI (S is not inductive as stated) or Z3 giving up.
 """
 import time
 from typing import NamedTuple
@@ -92,7 +92,7 @@ class PEncoding:
 
     def base(self, name, timeout_ms=0):
         """Z3's verdict on: some initial state (any size) violates fact ``name``."""
-        return _check(self.initial + self.axioms["I"] + [z3.Not(self.facts["I"][name])],
+        return check(self.initial + self.axioms["I"] + [z3.Not(self.facts["I"][name])],
                       timeout_ms)
 
     def step_query(self, name, a, lean=False):
@@ -129,12 +129,12 @@ class PEncoding:
             if full is None:
                 continue
             # sat is trusted only from the full query (the lean one drops true assumptions)
-            r = _check(full, 5_000, mbqi=False)
-            r = r if r == z3.unsat else _check(full, min(timeout_ms or 15_000, 15_000))
+            r = check(full, 5_000, mbqi=False)
+            r = r if r == z3.unsat else check(full, min(timeout_ms or 15_000, 15_000))
             if r != z3.unsat:
                 lean = self.step_query(name, a, lean=True)
-                r2 = _check(lean, 5_000, mbqi=False)
-                r2 = r2 if r2 == z3.unsat else _check(lean, timeout_ms)
+                r2 = check(lean, 5_000, mbqi=False)
+                r2 = r2 if r2 == z3.unsat else check(lean, timeout_ms)
                 r = r2 if r2 == z3.unsat or r != z3.sat else r
             if r != z3.unsat:
                 return r, self.inst[a].name
@@ -148,7 +148,7 @@ def _solver(timeout_ms):
     return sol
 
 
-def _check(fs, timeout_ms, mbqi=True):
+def check(fs, timeout_ms, mbqi=True):
     """One attempt; ``mbqi=False``: E-matching alone (fast on most steps, never sat)."""
     sol = _solver(timeout_ms)
     if not mbqi:
@@ -160,9 +160,9 @@ def _check(fs, timeout_ms, mbqi=True):
 
 class FactResult(NamedTuple):
     name: str
-    result: str        # proven-all-sizes | cti | unknown
+    result: str        # proven-all-sizes | bounded-only (proven by the FAST/DEEP tiers alone)
     seconds: float
-    detail: str        # the action of a CTI, or why Z3 gave up
+    detail: str        # why not for all sizes: a CTI (sat) or Z3 giving up, and where
 
     def as_json(self):
         return {"name": self.name, "result": self.result, "seconds": round(self.seconds, 3),
@@ -173,12 +173,13 @@ def prove_fact(enc, name, timeout_ms=120_000):
     t0 = time.perf_counter()
     b = enc.base(name, timeout_ms)
     if b != z3.unsat:
-        how = "cti" if b == z3.sat else "unknown"
-        return FactResult(name, how, time.perf_counter() - t0, f"initial state: {b}")
+        return FactResult(name, "bounded-only", time.perf_counter() - t0,
+                          f"{'cti' if b == z3.sat else 'unknown'} in the initial state")
     r, act = enc.induction(name, timeout_ms)
-    res = "proven-all-sizes" if r == z3.unsat else ("cti" if r == z3.sat else "unknown")
-    detail = f"after {act}" if act else ("" if r == z3.unsat else str(r))
-    return FactResult(name, res, time.perf_counter() - t0, detail)
+    if r == z3.unsat:
+        return FactResult(name, "proven-all-sizes", time.perf_counter() - t0, "")
+    return FactResult(name, "bounded-only", time.perf_counter() - t0,
+                      f"{'cti' if r == z3.sat else 'unknown'} after {act}")
 
 
 def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
@@ -196,11 +197,12 @@ def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
     return out, built
 
 
-def mutate_parametric(c, todo, timeout_ms=60_000, tick=lambda *_: None):
+def mutate_parametric(c, todo, baseline, timeout_ms=60_000, tick=lambda *_: None):
     """Each guard mutant on the parametric tier: ``killed`` when some fact is no longer
     proven for all sizes (a CTI, or Z3 giving up where the unmutated proof succeeds),
     ``redundant`` when every fact stays proven (the conjunct provably does not matter at any
-    size), ``unused`` when the model never calls the guard.  Returns dicts."""
+    size), ``unused`` when the model never calls the guard.  Only the ``baseline`` facts
+    (those the unmutated spec proves at this timeout) are checked.  Returns dicts."""
     from proofs.mutate import applied, guards_called
     used = guards_called(lambda: PEncoding(c))
     out = []
@@ -210,7 +212,8 @@ def mutate_parametric(c, todo, timeout_ms=60_000, tick=lambda *_: None):
             out.append(dict(mutant=m.name, result="unused", fact="", seconds=0.0))
             continue
         with applied(m):
-            res, _ = prove_parametric(c, timeout_ms=timeout_ms, stop_at_first=True)
+            res, _ = prove_parametric(c, names=baseline, timeout_ms=timeout_ms,
+                                      stop_at_first=True)
         bad = [r for r in res if r.result != "proven-all-sizes"]
         out.append(dict(mutant=m.name, result="killed" if bad else "redundant",
                         fact=f"{bad[0].name} ({bad[0].result} {bad[0].detail})" if bad else "",

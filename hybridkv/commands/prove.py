@@ -93,7 +93,8 @@ def _parametric(args, tick):
     muts = []
     if not args.no_mutation:
         todo = [m for m in mutants() if not args.mutant or m.name in args.mutant]
-        muts = mutate_parametric(FAST, todo, timeout_ms=ms, tick=tick)
+        proven = [f.name for f in facts if f.result == "proven-all-sizes"]
+        muts = mutate_parametric(FAST, todo, proven, timeout_ms=ms, tick=tick)
     out = {"parametric": [f.as_json() for f in facts], "build_seconds": round(built, 3),
            "mutations": {"killed": sum(m["result"] == "killed" for m in muts),
                          "total": len(muts), "results": muts},

@@ -80,8 +80,11 @@ class PEncoding:
         for frame, s in (("P", pre), ("Q", post), ("I", init)):
             self.facts[frame] = {n: sc.fact(lambda p=p, s=s: p(s, c)) for n, p in props().items()}
         for n, f in self.facts["Q"].items():
-            self.reads[n] = set()
-            consts(f, self.reads[n])
+            self.reads[n] = []     # per closed conjunct: (formula, names of what it reads)
+            for part in (f.children() if z3.is_and(f) else [f]):
+                names = set()
+                consts(part, names)
+                self.reads[n].append((part, names))
         self.axioms = {f: sc.card_axioms(f) for f in ("P", "Q", "I")}
         self.deltas = [sc.deltas(arrays, points) for _, arrays, points in self.steps]
         self.initial = sc.initial_values("I")
@@ -100,7 +103,9 @@ class PEncoding:
         None when the action writes nothing the fact reads (it holds after as before).
         ``lean`` leaves out what is known of the counts the fact does not read (fewer
         quantifiers: often faster, sometimes too weak)."""
-        if not self.reads[name] & self.changed[a]:
+        # a conjunct that reads nothing the step writes is its own assumed pre-state twin
+        parts = [f for f, names in self.reads[name] if names & self.changed[a]]
+        if not parts:
             return None
         en, arrays, _ = self.steps[a]
         new = self.scope.frame_arrays["Q"]
@@ -110,7 +115,7 @@ class PEncoding:
         # a count the step leaves alone is the same function after it
         same = [(k.func("Q"), k.func("P")(*[z3.Var(j, o.sort()) for j, o in enumerate(k.outer)]))
                 for k in cards if k.n not in moved]
-        post = z3.substitute(self.facts["Q"][name], *sub)
+        post = z3.substitute(z3.And(*parts), *sub)
         post = z3.substitute_funs(post, *same) if same else post
         used = set()
         consts(post, used)     # facts about counts the post-state fact never reads are left out
@@ -194,6 +199,12 @@ def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
         tick(f"parametric {n}: {out[-1].result}")
         if stop_at_first and out[-1].result != "proven-all-sizes":
             break
+    missing = [r.name for r in out if r.result != "proven-all-sizes"]
+    if missing and names is None:
+        # every step query assumes all of S: a fact is proven only when all of S is
+        out = [r._replace(result="bounded-only",
+                          detail=f"inductive relative to S, but not proven: {', '.join(missing)}")
+               if r.result == "proven-all-sizes" else r for r in out]
     return out, built
 
 

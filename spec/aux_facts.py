@@ -23,34 +23,42 @@ def _one_of(x, vals):
     return Or(*[x == v for v in sorted(vals)])
 
 
-def ranges(s, c):
-    """Every leaf lies in its type's range (state values of its machine, indices < sizes,
-    positions <= max_pos, counters <= their caps, fault marks 0/1)."""
+def value_ranges(s, c):
+    """Every value leaf lies in its type's range (state values of its machine, positions
+    <= max_pos, counters <= their caps, fault marks 0/1): ``ranges`` without its bounds that
+    depend on the sizes (indices < sizes, pins <= holders), so it holds at every size."""
     facts = [_within(s.miv, 0, c.max_iv)]
-    n_holders = c.n_req + c.n_disk
     for k, objs in enumerate(s.mem):
         sts = {st.value for st in MACHINES[k].states}
         for o in objs:
-            facts += [_one_of(o.st, sts), _within(o.ver, 0, c.max_ver),
-                      _within(o.pins, 0, n_holders), _within(o.ep, 0, c.max_ep),
-                      _within(o.draft, 0, 1), _within(o.pub, 0, 1)]
+            facts += [_one_of(o.st, sts), _within(o.ver, 0, c.max_ver), o.pins >= 0,
+                      _within(o.ep, 0, c.max_ep), _within(o.draft, 0, 1), _within(o.pub, 0, 1)]
             facts += [_within(getattr(o, f), 0, c.max_pos) for f in o.CONTENT]
     for d in s.disk:
         facts += [_one_of(d.st, {st.value for st in DISK.states}),
                   _within(d.kind, 0, len(KINDS) - 1), _within(d.tk, 0, len(KINDS) - 1),
-                  _within(d.obj, 0, c.n_obj - 1), _within(d.ver, 0, c.max_ver),
-                  _within(d.hdr, 0, 1), _within(d.ck, 0, 1), _within(d.off, 0, 1),
-                  _within(d.ln, 0, 1), _within(d.abi, c.kabi, c.kabi + 1)]
+                  _within(d.ver, 0, c.max_ver), _within(d.hdr, 0, 1), _within(d.ck, 0, 1),
+                  _within(d.off, 0, 1), _within(d.ln, 0, 1), _within(d.abi, c.kabi, c.kabi + 1)]
         facts += [_within(v, 0, c.max_pos) for v in (d.a, d.b, d.x)]
     for r in s.req:
         facts += [_within(r.ph, 0, RUNNING), _within(r.H, 0, c.max_pos)]
-        facts += [_within(x, 0, c.n_obj - 1) for x in r.ref]
         facts += [_within(x, 0, c.max_ver) for x in r.pv]
         facts += [_within(x, 0, c.max_ep) for x in r.pe]
     for g in s.graph:
         facts += [_within(g.cap, 0, 1), _within(g.bad, 0, 1)]
-        facts += [_within(x, 0, c.n_obj - 1) for x in g.ref]
         facts += [_within(x, 0, c.max_ep) for x in g.eps]
+    return And(*facts)
+
+
+def ranges(s, c):
+    """Every leaf lies in its type's range: ``value_ranges``, plus indices < sizes and pins
+    at most the possible holders (requests and disk slots)."""
+    n_holders = c.n_req + c.n_disk
+    facts = [value_ranges(s, c)]
+    facts += [o.pins <= n_holders for objs in s.mem for o in objs]
+    facts += [_within(d.obj, 0, c.n_obj - 1) for d in s.disk]
+    facts += [_within(x, 0, c.n_obj - 1) for r in s.req for x in r.ref]
+    facts += [_within(x, 0, c.n_obj - 1) for g in s.graph for x in g.ref]
     return And(*facts)
 
 
@@ -104,3 +112,7 @@ def swa_interval(s, c):
 
 AUX = {"swa_interval": swa_interval, "ranges": ranges, "refs_current": refs_current,
        "copies_complete": copies_complete}
+# the parametric tier's strengthening: sizes are unbounded, so its typing fact is the
+# size-free ``value_ranges`` (indices are elements of a sort there, never out of range)
+PARAMETRIC_AUX = {**{n: p for n, p in AUX.items() if n != "ranges"},
+                  "value_ranges": value_ranges}

@@ -20,6 +20,7 @@ import numpy as np
 import z3
 
 _WIDTH = [None]  # bit-vector width used for numerals built from two concrete branches
+_COUNTER = [None]  # the parametric prover's Count over unbounded sequences (None: plain sums)
 
 
 def set_width(width):
@@ -94,7 +95,15 @@ def Sum(xs):
     return reduce(operator.add, xs) if xs else 0
 
 
+def set_counter(fn):
+    """Install how ``Count`` counts (None: a plain sum).  The parametric prover installs one
+    that turns a count over an unbounded sequence into a cardinality term."""
+    _COUNTER[0] = fn
+
+
 def Count(bools):
+    if _COUNTER[0] is not None:
+        return _COUNTER[0](bools)
     return Sum(If(b, 1, 0) for b in bools)
 
 
@@ -148,8 +157,17 @@ def Ite(c, a, b):
     return If(c, a, b)
 
 
+def Items(seq):
+    """``enumerate(seq)``: (index, element) pairs; a sequence of unbounded length (the
+    parametric prover's) yields one element at a quantified index instead."""
+    return seq.items() if hasattr(seq, "items") else enumerate(seq)
+
+
 def Select(seq, i):
-    """``seq[i]`` for a concrete or symbolic index (an If-chain over the positions)."""
+    """``seq[i]`` for a concrete or symbolic index (an If-chain over the positions; a
+    sequence of unbounded length selects itself)."""
+    if hasattr(seq, "select"):
+        return seq.select(i)
     if not is_sym(i):
         return seq[i]
     out = seq[0]
@@ -160,6 +178,8 @@ def Select(seq, i):
 
 def Store(seq, i, v):
     """``seq`` with position i replaced by v, for a concrete or symbolic index."""
+    if hasattr(seq, "store"):
+        return seq.store(i, v)
     if not is_sym(i):
         return seq[:i] + (v,) + seq[i + 1:]
     return tuple(Ite(i == j, v, x) for j, x in enumerate(seq))

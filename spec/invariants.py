@@ -1,7 +1,7 @@
 """The invariants (DESIGN §5), stated on the abstract state independently of the guards
 that are meant to keep them, plus the auxiliary facts induction needs (``well_formed``)."""
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING, tail_need
-from spec.dual import And, Div, Implies, Max, Mod, Not, Or
+from spec.dual import And, Div, Implies, Items, Max, Mod, Not, Or
 from spec.funnel import DISK_ALIGN
 from spec.state import (D_CORRUPT, D_LOADING, D_VERIFIED, HELD, KIND_MODULES, KINDS, RUNNING,
                         ctx, holders, inflight, loaders, refs_of)
@@ -42,7 +42,7 @@ def state_routing(s, c):
     one loader of that kind."""
     return And(*[Implies(d.st == D_LOADING, d.tk == d.kind) for d in s.disk],
                *[Implies(o.st == LOADING, loaders(s, k, i) == 1)
-                 for k, objs in enumerate(s.mem) for i, o in enumerate(objs)])
+                 for k, objs in enumerate(s.mem) for i, o in Items(objs)])
 
 
 def toctou(s, c):
@@ -109,7 +109,7 @@ def well_formed(s, c):
     cx = ctx(s, c)
     facts = [s.miv <= c.max_iv]
     for k, objs in enumerate(s.mem):
-        for i, o in enumerate(objs):
+        for i, o in Items(objs):
             facts += [o.pins == holders(s, k, i), (o.st == PINNED) == (o.pins >= 1),
                       Implies(Or(o.st == READY, o.st == PINNED, o.st == STALE),
                               _complete(k, o, c)),

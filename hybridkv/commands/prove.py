@@ -31,6 +31,12 @@ def add_arguments(p):
                    help="directory of trace files (e.g. tests/golden) whose action lists also "
                         "seed the mutants' kill search (a counterexample found before is "
                         "replayed first)")
+    p.add_argument("--parametric", action="store_true",
+                   help="parametric tier: every invariant and auxiliary fact for every number "
+                        "of objects, requests, disk slots and graphs (the fast configuration's "
+                        "constants); with mutation unless --no-mutation")
+    p.add_argument("--fact-timeout", type=float, default=120.0,
+                   help="parametric tier: seconds Z3 may take per fact and step")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
@@ -78,6 +84,37 @@ def _save(report, out):
         tr.save(t, os.path.join(out, f"cti_{n}_{t['invariant'].replace(':', '_')}.json"))
 
 
+def _parametric(args, tick):
+    from proofs.mutate import mutants
+    from proofs.parametric import mutate_parametric, prove_parametric
+    from proofs.run import FAST
+    ms = int(args.fact_timeout * 1000)
+    facts, built = prove_parametric(FAST, timeout_ms=ms, tick=tick)
+    muts = []
+    if not args.no_mutation:
+        todo = [m for m in mutants() if not args.mutant or m.name in args.mutant]
+        proven = [f.name for f in facts if f.result == "proven-all-sizes"]
+        muts = mutate_parametric(FAST, todo, proven, timeout_ms=ms, tick=tick)
+    out = {"parametric": [f.as_json() for f in facts], "build_seconds": round(built, 3),
+           "mutations": {"killed": sum(m["result"] == "killed" for m in muts),
+                         "total": len(muts), "results": muts},
+           "config": {k: v for k, v in FAST._asdict().items() if not k.startswith("n_")}}
+    ok = all(f.result == "proven-all-sizes" for f in facts)
+    return out, ok
+
+
+def _parametric_table(out):
+    lines = [f"{'fact':<22} {'result':<17} {'seconds':>8}  detail"]
+    for r in out["parametric"]:
+        lines.append(f"{r['name']:<22} {r['result']:<17} {r['seconds']:>8.2f}  {r['detail']}")
+    m = out["mutations"]
+    if m["total"]:
+        lines += ["", f"parametric mutants killed {m['killed']}/{m['total']}"]
+        lines += [f"  {x['mutant']:<28} {x['result']:<9} {x['fact']}  {x['seconds']}s"
+                  for x in m["results"]]
+    return "\n".join(lines)
+
+
 def run(args):
     from tqdm import tqdm
 
@@ -91,9 +128,15 @@ def run(args):
         bar.update(1)
 
     try:
-        report = prove(c, st, tick, mutation_config=FAST if args.deep else None)
+        if args.parametric:
+            out, ok = _parametric(args, tick)
+        else:
+            report = prove(c, st, tick, mutation_config=FAST if args.deep else None)
     finally:
         bar.close()
+    if args.parametric:
+        print(json.dumps(out) if args.json else _parametric_table(out))
+        return 0 if ok else 1
     if args.save_traces:
         _save(report, args.save_traces)
     if args.json:

@@ -38,9 +38,7 @@ class CoordinatorFacade:
         track = m.tracked.get(request_id)
         if track is None:
             return sum(cdiv(num_tokens, g.block_size) for g in m.layout.groups)
-        need = m.cache.blocks_needed(request_id, max(0, num_tokens - max(
-            track.allocated, track.hit)))
-        return sum(k * m.ids.ids_per_block(pk) for pk, k in need.items())
+        return m.ids_needed(request_id, max(0, num_tokens - max(track.allocated, track.hit)))
 
 
 class BlockPoolFacade:

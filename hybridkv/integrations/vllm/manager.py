@@ -11,7 +11,7 @@ object per vLLM block id.
                                           None, nothing changed), then commit(rid, k, ids) up
                                           to the tokens known (request.num_tokens)
   cache_blocks(request, n) / free         commit(rid, k, ids) up to n / free(rid)
-  block ids                               tables(rid) slots through BlockIds.vllm_id
+  block ids                               tables(rid) slots (arena page ids) -> vllm_id
 Positions past ``request.num_tokens`` (speculative tokens, lookahead) are allocated and never
 committed before their token ids are known (vLLM accepted them): nothing unverified is published,
 and the block ids vLLM's worker appended stay valid (a hybridkv draft block, released on
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
-from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, BlockIds
+from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
 from hybridkv.integrations.vllm.facades import BlockPoolFacade, CoordinatorFacade
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, cdiv, commit_known,
@@ -63,7 +63,8 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
-        self.ids = BlockIds(self.layout, kv_cache_config.num_blocks)
+        self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
+        self.num_pages = num_pages(self.layout, kv_cache_config.num_blocks)
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -77,14 +78,21 @@ class KVCacheManager:
         self.block_pool = BlockPoolFacade(self)
 
     def _new_cache(self):
-        return CacheManager(self.layout, num_blocks=dict(self.ids.pool_sizes), device="meta",
+        return CacheManager(self.layout, num_pages=self.num_pages, device="meta",
                             every_n=every_n(self.kv_cache_config, self.layout))
 
     # -- capacity and stats --------------------------------------------------------------------
+    def free_pages(self):
+        """Arena pages an allocation could take now (free + evictable, per hybridkv)."""
+        return max(self.cache.available_blocks().values())
+
     def num_free_blocks(self):
-        """vLLM block ids an allocation could take now (free + evictable, per hybridkv)."""
-        return sum(n * self.ids.ids_per_block(pk)
-                   for pk, n in self.cache.available_blocks().items())
+        """vLLM block ids an allocation could take now (the free pages' ids)."""
+        return self.free_pages() * self.per_page
+
+    def ids_needed(self, request_id, num_tokens):
+        """vLLM block ids (whole pages) hybridkv needs for ``num_tokens`` more positions."""
+        return sum(self.cache.blocks_needed(request_id, num_tokens).values()) * self.per_page
 
     @property
     def usage(self):
@@ -193,20 +201,15 @@ class KVCacheManager:
         return track
 
     def _fits(self, request, computed):
-        need = self.cache.blocks_needed(request.request_id,
-                                        max(0, min(request.num_tokens, self.max_model_len)
-                                            - computed))
-        avail = self.cache.available_blocks()
-        return all(k <= avail[pk] for pk, k in need.items())
+        rest = max(0, min(request.num_tokens, self.max_model_len) - computed)
+        return self.ids_needed(request.request_id, rest) <= self.num_free_blocks()
 
     def _short(self, rid, more, reserved_blocks, request, has_scheduled_reqs):
         """vLLM's watermark and reserved blocks, in vLLM ids, on top of hybridkv's admission."""
         from vllm.v1.request import RequestStatus
         watermark = self.watermark_blocks if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
-        need = self.cache.blocks_needed(rid, more)
-        ids = sum(k * self.ids.ids_per_block(pk) for pk, k in need.items())
-        return ids + watermark > self.num_free_blocks() - reserved_blocks
+        return self.ids_needed(rid, more) + watermark > self.num_free_blocks() - reserved_blocks
 
     # -- block ids -----------------------------------------------------------------------------
     def _block(self, block_id):
@@ -219,12 +222,12 @@ class KVCacheManager:
         """vLLM ids of group g's logical blocks [start_block, end_block) of one request."""
         t, bs = tables[g.name], g.block_size
         if g.kind == "full":
-            return [self.ids.vllm_id(("comp", g.name), s) for s in t.comp[start_block:end_block]]
-        out, pk, W = [], ("swa", g.name), g.window
+            return [vllm_id(s, 0, self.per_page) for s in t.comp[start_block:end_block]]
+        out, W = [], g.window
         for b in range(start_block, end_block):
             p = b * bs
             slot = t.swa[p // W] if p // W < len(t.swa) else -1
-            out.append(NULL_BLOCK_ID if slot < 0 else self.ids.vllm_id(pk, slot, p % W // bs))
+            out.append(NULL_BLOCK_ID if slot < 0 else vllm_id(slot, p % W // bs, self.per_page))
         return out
 
     def _blocks(self, rid, start_tokens, end_tokens):

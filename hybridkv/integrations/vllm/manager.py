@@ -121,7 +121,9 @@ class KVCacheManager(UnusedMachinery):
         return self._placeholders(hit), hit, 0
 
     def _look(self, request, limit, salt):
-        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit), salt)
+        """hybridkv's resume point, at most ``limit`` (its lookup of limit + 1 tokens leaves
+        the last one to compute)."""
+        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1), salt)
         self.tracked[request.request_id] = Tracked(hit=plan.reuse_tokens)
         return plan.reuse_tokens
 
@@ -184,7 +186,7 @@ class KVCacheManager(UnusedMachinery):
             else:                  # one token: a resume point of 0 (granule > 1)
                 salt = salt_of(request) if self.prefix_cache_lookup_enabled(request) else \
                     b"nocache:" + str(rid).encode()
-                hit = self._look(request, 1, salt)
+                hit = self._look(request, 0, salt)
             if hit != computed:
                 raise HitMismatch("hybridkv cannot resume where vLLM asks", (rid, hit, computed))
             track = self.tracked[rid]

@@ -18,6 +18,7 @@ parent's liveness (O(1) for a request extending its own pinned chain).
 import contextlib
 
 from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
 from hybridkv.policy import EntryMeta
 from spec.common import READY, STALE
@@ -37,6 +38,7 @@ class Evictor:
         self.live_below = {pk: {} for pk in pools}      # block -> its live children
         self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
         self.on_evict = on_evict                        # spill hook: called before a drop
+        self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
 
     # -- what is cached --------------------------------------------------------------------
@@ -183,6 +185,10 @@ class Evictor:
         if pool.recs[b].st == STALE:
             event = "drop_stale"
         pool.fire(b, event)
+        filed = self.index.key_of(*ref) if self.events is not None else None
+        if filed is not None:
+            self.events.append(CacheEvent(False, ref.kind, ref.group, filed[0], None, None,
+                                          filed[1], None))
         parent = self.index.parent(ref)
         leaves, dead = self.index.unpublish(ref)
         self.forget(ref, event != "reject")

@@ -19,6 +19,8 @@ Every public call holds one re-entrant lock and never does blocking I/O under it
 raises a named error from hybridkv.errors and changes nothing; so does AdmissionRefused.
 ``num_pages=N`` (instead of ``num_blocks``) draws every pool's blocks from one arena of N equal
 pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind.
+``events=True`` records a CacheEvent for every block filed in / taken out of the prefix index
+(``take_events`` drains them: an engine's KV events).
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
 invariants after every public call (hybridkv.cache.checked).
 """
@@ -81,7 +83,7 @@ class CacheManager:
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
-                 check_every=64, num_pages=None):
+                 check_every=64, num_pages=None, events=False):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
         if num_pages is not None:
@@ -123,6 +125,8 @@ class CacheManager:
                                    num_pages or sum(sizes.values()), self._transit, self.arena)
         self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, every_n)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots)
+        self.events = [] if events else None           # CacheEvent feed (take_events)
+        self.writer.events = self.evictor.events = self.events
         self.requests = {}
         self.spec_cfg = None       # set by for_spec: the abstract configuration it mirrors
         self.holders = []          # other pin holders (e.g. an object-level driver)
@@ -219,7 +223,7 @@ class CacheManager:
         if points:
             need = self.writer.blocks_needed(req, end, draft_end, points)
             self.admission.check(need, protect)
-        restored = self.writer.restored_bytes
+        restored, self.writer.copies = self.writer.restored_bytes, []
         if first:
             self._take_plan(req)
         self.admission.make_room(need)
@@ -231,7 +235,7 @@ class CacheManager:
         req.num_draft_tokens = draft_end - end
         self.writer.horizon(req)
         return Allocation(start, end, draft_end, tuple(points), req.tables,
-                          self.writer.restored_bytes - restored)
+                          self.writer.restored_bytes - restored, tuple(self.writer.copies))
 
     @locked
     def pin(self, request_id):
@@ -410,6 +414,17 @@ class CacheManager:
         self.writer.horizon(req)
 
     # -- 5. free ----------------------------------------------------------------------------
+    @locked
+    def take_events(self):
+        """The CacheEvents since the last call, oldest first (stored: a block a lookup can hit
+        now; removed: one it no longer can), then none until more happen; [] without
+        ``events=True``."""
+        if self.events is None:
+            return []
+        out = list(self.events)
+        self.events.clear()
+        return out
+
     @locked
     def free(self, request_id):
         """Release everything the request holds: working objects rejected, pins given back;

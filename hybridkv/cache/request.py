@@ -78,6 +78,22 @@ class Allocation(NamedTuple):
     checkpoints: tuple     # positions in (start, end] where a commit ending there snapshots
     tables: dict           # group -> GroupTables (live: the request's tables)
     copied_bytes: int      # snapshot bytes copied by this allocation (a hit's restore)
+    copies: tuple = ()     # those copies: (kind, group, source slot, destination slot) each,
+    #                        for an engine whose worker moves the bytes (slots of tables())
+
+
+class CacheEvent(NamedTuple):
+    """One change of what the cache holds, for an engine's KV events
+    (``CacheManager(events=True)``, drained by ``take_events``): a block filed in the prefix
+    index (``stored``: a lookup can hit it now) or taken out of it (evicted, dropped)."""
+    stored: bool
+    kind: str
+    group: str
+    key: bytes             # its chain key (the hash of every token up to ``at``, salted)
+    parent: object         # stored chain block: its parent's key (None at the root / removed)
+    at: object             # stored: the position it covers up to (None when removed)
+    exact: bool            # a snapshot at exactly ``at`` (else a chain block ending there)
+    request_id: object     # stored: the request whose commit published it (None when removed)
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ import heapq
 
 from hybridkv.cache.funnel import Read
 from hybridkv.cache.pool import ObjRef
-from hybridkv.cache.request import GroupTables, GroupWork, Owned
+from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS
 from spec.common import PINNED, WRITING
 from spec.state import LOOKED
@@ -48,6 +48,8 @@ class ObjectWriter:
         self.evictor, self.snapshots = evictor, snapshots
         self.gran = layout.granule
         self.restored_bytes = 0      # snapshot bytes copied into working objects on hits
+        self.copies = []             # those copies of the allocation in progress (Allocation)
+        self.events = None           # CacheEvent list when the manager records events
         self._shape = [(g, tuple(k for k in CHAIN_KINDS if k in g.kinds),
                         g.window if "swa" in g.kinds else 0,
                         tuple(k for k in ("tail", "idx") if k in g.kinds)) for g in layout.groups]
@@ -145,7 +147,9 @@ class ObjectWriter:
                     self._restore(o, exact[("swa", g.name)])
 
     def _restore(self, o, src):
-        self.restored_bytes += self.pools[(o.ref.kind, o.ref.group)].copy(o.ref.block, src)
+        pool = self.pools[(o.ref.kind, o.ref.group)]
+        self.restored_bytes += pool.copy(o.ref.block, src)
+        self.copies.append((o.ref.kind, o.ref.group, pool.slot(src), pool.slot(o.ref.block)))
 
     def _slot(self, o):
         return self.pools[(o.ref.kind, o.ref.group)].slot(o.ref.block)
@@ -244,6 +248,10 @@ class ObjectWriter:
         filed = self.index.publish(o.ref, key, exact, parent)
         if filed:
             self.evictor.entered(o.ref)
+            if self.events is not None:
+                pkey = None if parent is None else self.index.key_of(kind, gname, parent.block)[0]
+                self.events.append(CacheEvent(True, kind, gname, key, pkey, o.at, exact,
+                                              req.request_id))
         elif not exact:
             # recomputed past the hit: the cached block holding this key was demanded again
             held = self.index.chain_block(kind, gname, key)

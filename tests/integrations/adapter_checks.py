@@ -113,3 +113,51 @@ def test_lookahead_slots_are_never_published():
     assert len(kv.get_block_ids("a")[0]) == 4    # 64 positions have slots
     b = request("b", list(range(40)) + list(range(24)))
     assert kv.get_computed_blocks(b)[1] == 32    # only the known prompt's blocks
+
+
+def test_full_attention_ids_are_arena_pages_plus_one():
+    kv = manager(9, full())                      # 8 pages: ids 1..8, id 0 the null block
+    a = request("a", list(range(8 * BS)))
+    prefill(kv, a)
+    assert sorted(kv.get_block_ids("a")[0]) == list(range(1, 9))
+    assert kv.block_pool.get_num_free_blocks() == 0
+
+
+def test_kv_events_follow_what_hybridkv_files_and_drops():
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+    kv = KVCacheManager(config(5, full()), max_model_len=4096, scheduler_block_size=BS,
+                        hash_block_size=BS, enable_kv_cache_events=True)
+    a = request("a", list(range(4 * BS)))
+    prefill(kv, a)
+    kv.cache_blocks(a, a.num_tokens)
+    (stored,) = kv.take_events()
+    assert isinstance(stored, BlockStored) and len(stored.block_hashes) == 4
+    assert stored.token_ids == list(range(4 * BS)) and stored.parent_block_hash is None
+    assert stored.group_idx == 0 and stored.kv_cache_spec_kind == "full_attention"
+    assert kv.take_events() == [] and kv.block_pool.kv_event_queue == []
+    kv.free(a)
+    prefill(kv, request("b", list(range(500, 500 + 4 * BS))))   # evicts a's four blocks
+    events = kv.take_events()
+    removed = [e for e in events if isinstance(e, BlockRemoved)]
+    assert sorted(h for e in removed for h in e.block_hashes) == sorted(stored.block_hashes)
+    assert isinstance(events[-1], BlockStored)
+    kv.free(request("b", []))
+    kv.take_events()
+    assert kv.reset_prefix_cache() and kv.take_events() == [AllBlocksCleared()]
+
+
+def test_a_window_hit_hands_its_restore_to_the_worker():
+    kv = manager(64, full(), swa(32))
+    a = request("a", list(range(97)))
+    for n in (96, 1):                            # a chunk ends at the window snapshot (96)
+        assert kv.allocate_slots(a, n) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    assert kv.take_kv_cache_block_copies() == ([], [])
+    b = request("b", list(range(96)) + [7] * 20)
+    assert prefill(kv, b) == 96
+    copies, kept = kv.take_kv_cache_block_copies()
+    swa_ids = kv.get_block_ids("b")[1]
+    assert copies and {c.dst_block_id for c in copies} <= set(swa_ids)
+    assert not {c.src_block_id for c in copies} & set(swa_ids)
+    assert len(kept) == 2 * len(copies) and kv.take_kv_cache_block_copies() == ([], [])

@@ -15,7 +15,7 @@ _EXPORTS = {
     "Scheduler": "hybridkv.integrations.vllm.scheduler",
     "layout_from_vllm": "hybridkv.integrations.vllm.specs",
     "UnsupportedSpec": "hybridkv.integrations.vllm.specs",
-    "BlockIds": "hybridkv.integrations.vllm.block_ids",
+    "vllm_id": "hybridkv.integrations.vllm.block_ids",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,11 +1,14 @@
-"""vLLM block ids <-> hybridkv pool slots: the one translation of block identity.
+"""vLLM block ids <-> hybridkv arena pages: the one translation of block identity.
 
 vLLM has ONE block-id space shared by every KV cache group (``KVCacheConfig.num_blocks`` ids,
-id 0 the null block); hybridkv has one pool per (kind, group).  Until hybridkv's single block
-arena lands, ids 1 .. num_blocks - 1 are partitioned once into equal, disjoint ranges, one per
-group, and pool slot s of a group whose pool block spans k vLLM blocks (a window page) owns ids
-``base + s*k .. base + s*k + k - 1``.  ``vllm_id`` is the only function that turns a slot into
-an id: the arena will replace it by its own ids.
+id 0 the null block); hybridkv's block arena (``CacheManager(layout, num_pages=N)``) has ONE
+page id space shared by every pool, and a block table's slot IS the arena page id.  A page holds
+one pool block of any group: a full-attention block is one vLLM block, a sliding-window page
+(W' = the window rounded up to block_size) is W'/block_size vLLM blocks, so a page spans
+``ids_per_page`` vLLM ids (the most any pool block spans: 1 without a window wider than a
+block, and then vLLM id = page id + 1).  Page p owns ids ``1 + p*P .. p*P + P``; a pool block
+smaller than the page leaves the rest of its ids unused (the arena's padding, in ids).
+``vllm_id`` is the only function that turns a slot into an id.
 """
 from hybridkv.errors import BadArgument
 from hybridkv.integrations.vllm.specs import window_blocks
@@ -13,29 +16,23 @@ from hybridkv.integrations.vllm.specs import window_blocks
 NULL_BLOCK_ID = 0
 
 
-class BlockIds:
-    def __init__(self, layout, num_blocks):
-        usable = num_blocks - 1                       # id 0 is vLLM's null block
-        share = usable // len(layout.groups)
-        self.num_blocks = num_blocks
-        self.pool_sizes = {}                          # pool key -> pool blocks
-        self.base = {}                                # pool key -> (first id, ids per block)
-        for i, g in enumerate(layout.groups):
-            per = window_blocks(g)
-            n = share // per
-            if n < 1:
-                raise BadArgument("num_blocks too small for a partition of vLLM's block ids",
-                                  {"num_blocks": num_blocks, "group": g.name, "needs": per + 1})
-            pk = (g.kinds[0], g.name)
-            self.pool_sizes[pk] = n
-            self.base[pk] = (1 + i * share, per)
+def ids_per_page(layout):
+    """vLLM block ids one arena page spans (the largest pool block, in vLLM blocks)."""
+    return max(window_blocks(g) for g in layout.groups)
 
-    def vllm_id(self, pool_key, slot, sub=0):
-        """The vLLM block id of vLLM block ``sub`` inside pool block ``slot`` of ``pool_key``."""
-        first, per = self.base[pool_key]
-        if not 0 <= slot < self.pool_sizes[pool_key] or not 0 <= sub < per:
-            raise BadArgument("pool slot outside its vLLM id range", (pool_key, slot, sub))
-        return first + slot * per + sub
 
-    def ids_per_block(self, pool_key):
-        return self.base[pool_key][1]
+def num_pages(layout, num_blocks):
+    """Arena pages over vLLM's ``num_blocks`` ids: all but the null block, ``ids_per_page``
+    ids a page."""
+    pages = (num_blocks - 1) // ids_per_page(layout)
+    if pages < 1:
+        raise BadArgument("num_blocks too small for one arena page",
+                          {"num_blocks": num_blocks, "needs": ids_per_page(layout) + 1})
+    return pages
+
+
+def vllm_id(page, sub=0, per_page=1):
+    """The vLLM block id of vLLM block ``sub`` inside arena page ``page``."""
+    if page < 0 or not 0 <= sub < per_page:
+        raise BadArgument("arena page outside vLLM's id space", (page, sub, per_page))
+    return 1 + page * per_page + sub

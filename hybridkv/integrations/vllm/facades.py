@@ -1,11 +1,54 @@
 """The internals vLLM's Scheduler reads off its KV cache manager, as thin facades over ours.
 
+``UnusedMachinery`` holds the manager methods for vLLM machinery hybridkv does not use.
 The Scheduler reads ``coordinator.single_type_managers`` (``block_size``, ``kv_cache_spec``),
 ``coordinator.enable_partial_hash_hits``, ``coordinator.get_num_blocks_to_allocate(...)`` and
 ``block_pool.free_blocks`` / ``get_num_free_blocks``.  Each answer comes from the adapter's
 CacheManager (counts in vLLM block ids); none keeps state.
 """
 from hybridkv.integrations.vllm.translate import cdiv
+
+
+class UnusedMachinery:
+    """vLLM KVCacheManager methods for machinery hybridkv does not use or does elsewhere
+    (the manager's base)."""
+
+    def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def pop_blocks_for_free(self, request):
+        """hybridkv releases at free (no deferred return): frees now, returns no blocks."""
+        self.free(request)
+        return []
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        return [0] * self.num_kv_cache_groups
+
+    def create_kv_cache_blocks(self, blocks):
+        return type(self.empty_kv_cache_blocks)(blocks) if any(blocks) else \
+            self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self):
+        return []
+
+    def record_blocks_for_zeroing(self, request_id, start_token):
+        """No-op: no connector load writes into hybridkv's blocks."""
+
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens,
+                              num_prompt_tokens=None):
+        """No-op: hybridkv releases window pages itself as commits slide the window."""
+
+    def evict_blocks(self, block_ids):
+        """No-op: the CacheManager has no public eviction by block (see the module README)."""
+
+    def take_boundary_state_offloads(self):
+        return {}
+
+    def finalize_partial_tail_offloads(self, request):
+        return []
+
+    def new_step_starts(self):
+        """No-op: hybridkv has no per-step state."""
 
 
 class GroupFacade:
@@ -38,9 +81,7 @@ class CoordinatorFacade:
         track = m.tracked.get(request_id)
         if track is None:
             return sum(cdiv(num_tokens, g.block_size) for g in m.layout.groups)
-        need = m.cache.blocks_needed(request_id, max(0, num_tokens - max(
-            track.allocated, track.hit)))
-        return sum(k * m.ids.ids_per_block(pk) for pk, k in need.items())
+        return m.ids_needed(request_id, max(0, num_tokens - max(track.allocated, track.hit)))
 
 
 class BlockPoolFacade:
@@ -64,6 +105,11 @@ class BlockPoolFacade:
 
     def take_events(self):
         return self.manager.take_events()
+
+    @property
+    def kv_event_queue(self):
+        """The events not taken yet (vLLM's queue of them)."""
+        return self.manager.events
 
     def reset_prefix_cache(self):
         return self.manager.reset_prefix_cache()

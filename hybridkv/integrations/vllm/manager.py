@@ -11,41 +11,29 @@ object per vLLM block id.
                                           None, nothing changed), then commit(rid, k, ids) up
                                           to the tokens known (request.num_tokens)
   cache_blocks(request, n) / free         commit(rid, k, ids) up to n / free(rid)
-  block ids                               tables(rid) slots through BlockIds.vllm_id
+  block ids                               tables(rid) slots (arena page ids) -> vllm_id
+  take_events / take_kv_cache_block_copies  take_events() / Allocation.copies (events.py)
 Positions past ``request.num_tokens`` (speculative tokens, lookahead) are allocated and never
-committed before their token ids are known (vLLM accepted them): nothing unverified is published,
-and the block ids vLLM's worker appended stay valid (a hybridkv draft block, released on
-rejection, would change an id vLLM's append-only block table already holds).  A request
-looked up without prefix caching gets a salt of its own, so it neither hits nor is hit.
+committed before their token ids are known: nothing unverified is published, and the ids vLLM's
+append-only block table holds stay valid (no hybridkv draft block to release on rejection).  A
+request looked up without prefix caching gets a salt of its own: it neither hits nor is hit.
 """
-from dataclasses import dataclass
-
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
-from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, BlockIds
-from hybridkv.integrations.vllm.facades import BlockPoolFacade, CoordinatorFacade
+from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
+from hybridkv.integrations.vllm.events import vllm_copies, vllm_events
+from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
+                                                UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
-from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, cdiv, commit_known,
-                                                  salt_of, token_ids)
+from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
+                                                  commit_known, salt_of, token_ids)
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 
-@dataclass
-class _Unused:
-    """vLLM constructor arguments that select vLLM-internal machinery hybridkv replaces."""
-    max_in_flight_tokens: object = None
-    use_eagle: bool = False
-    num_hash_lookahead_tokens: int = 0
-    num_prefill_lookahead: int = 0
-    dcp_world_size: int = 1
-    pcp_world_size: int = 1
-    metrics_collector: object = None
-
-
-class KVCacheManager:
+class KVCacheManager(UnusedMachinery):
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                  max_in_flight_tokens=None, enable_caching=True, use_eagle=False,
                  num_hash_lookahead_tokens=0, num_prefill_lookahead=0, log_stats=False,
@@ -54,16 +42,17 @@ class KVCacheManager:
                  enable_mamba_shared_prefix_checkpoint=False):
         if dcp_world_size != 1 or pcp_world_size != 1:
             raise UnsupportedSpec("context parallelism", (dcp_world_size, pcp_world_size))
-        self.unused = _Unused(max_in_flight_tokens, use_eagle, num_hash_lookahead_tokens,
-                              num_prefill_lookahead, dcp_world_size, pcp_world_size,
-                              metrics_collector)
+        self.unused = UnusedArgs(max_in_flight_tokens, use_eagle, num_hash_lookahead_tokens,
+                                 num_prefill_lookahead, dcp_world_size, pcp_world_size,
+                                 metrics_collector)
         self.kv_cache_config, self.max_model_len = kv_cache_config, max_model_len
         self.scheduler_block_size, self.hash_block_size = scheduler_block_size, hash_block_size
         self.enable_caching, self.enable_kv_cache_events = enable_caching, enable_kv_cache_events
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
-        self.ids = BlockIds(self.layout, kv_cache_config.num_blocks)
+        self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
+        self.num_pages = num_pages(self.layout, kv_cache_config.num_blocks)
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -72,19 +61,29 @@ class KVCacheManager:
         self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
         self.block_objects = {NULL_BLOCK_ID: self.null_block}   # vLLM id -> its KVCacheBlock
         self.tracked = {}                                       # request id -> Tracked
-        self.events = []
+        self.events = []                                        # vLLM KV events to take
+        self.copies = []                                        # (src, dst) ids to take
         self.coordinator = CoordinatorFacade(self)
         self.block_pool = BlockPoolFacade(self)
 
     def _new_cache(self):
-        return CacheManager(self.layout, num_blocks=dict(self.ids.pool_sizes), device="meta",
-                            every_n=every_n(self.kv_cache_config, self.layout))
+        return CacheManager(self.layout, num_pages=self.num_pages, device="meta",
+                            every_n=every_n(self.kv_cache_config, self.layout),
+                            events=self.enable_kv_cache_events)
+
+    def _drain(self, request):
+        """vLLM's events for what the last calls for ``request`` filed / dropped."""
+        self.events += vllm_events(self.cache.take_events(), request, self.kv_cache_config)
 
     # -- capacity and stats --------------------------------------------------------------------
     def num_free_blocks(self):
-        """vLLM block ids an allocation could take now (free + evictable, per hybridkv)."""
-        return sum(n * self.ids.ids_per_block(pk)
-                   for pk, n in self.cache.available_blocks().items())
+        """vLLM block ids an allocation could take now: the ids of the arena pages free or
+        evictable (hybridkv's count, the same for every pool)."""
+        return max(self.cache.available_blocks().values()) * self.per_page
+
+    def ids_needed(self, request_id, num_tokens):
+        """vLLM block ids (whole pages) hybridkv needs for ``num_tokens`` more positions."""
+        return sum(self.cache.blocks_needed(request_id, num_tokens).values()) * self.per_page
 
     @property
     def usage(self):
@@ -121,11 +120,10 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         return self._placeholders(hit), hit, 0
 
-    def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
-
     def _look(self, request, limit, salt):
-        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit), salt)
+        """hybridkv's resume point, at most ``limit`` (its lookup of limit + 1 tokens leaves
+        the last one to compute)."""
+        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1), salt)
         self.tracked[request.request_id] = Tracked(hit=plan.reuse_tokens)
         return plan.reuse_tokens
 
@@ -165,10 +163,13 @@ class KVCacheManager:
         try:
             got = self.cache.allocate(rid, more)
         except (AdmissionRefused, StaleRead):
+            self._drain(request)
             return None
         old, track.started, track.allocated = track.allocated, True, got.end
+        self.copies += vllm_copies(got, self.layout, self.per_page)
         if not delay_cache_blocks:
             commit_known(self.cache, track, request, regular)
+        self._drain(request)
         return self._blocks(rid, old, track.allocated)
 
     def _first(self, request, num_new_computed_tokens, computed):
@@ -185,7 +186,7 @@ class KVCacheManager:
             else:                  # one token: a resume point of 0 (granule > 1)
                 salt = salt_of(request) if self.prefix_cache_lookup_enabled(request) else \
                     b"nocache:" + str(rid).encode()
-                hit = self._look(request, 1, salt)
+                hit = self._look(request, 0, salt)
             if hit != computed:
                 raise HitMismatch("hybridkv cannot resume where vLLM asks", (rid, hit, computed))
             track = self.tracked[rid]
@@ -193,20 +194,15 @@ class KVCacheManager:
         return track
 
     def _fits(self, request, computed):
-        need = self.cache.blocks_needed(request.request_id,
-                                        max(0, min(request.num_tokens, self.max_model_len)
-                                            - computed))
-        avail = self.cache.available_blocks()
-        return all(k <= avail[pk] for pk, k in need.items())
+        rest = max(0, min(request.num_tokens, self.max_model_len) - computed)
+        return self.ids_needed(request.request_id, rest) <= self.num_free_blocks()
 
     def _short(self, rid, more, reserved_blocks, request, has_scheduled_reqs):
         """vLLM's watermark and reserved blocks, in vLLM ids, on top of hybridkv's admission."""
         from vllm.v1.request import RequestStatus
         watermark = self.watermark_blocks if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
-        need = self.cache.blocks_needed(rid, more)
-        ids = sum(k * self.ids.ids_per_block(pk) for pk, k in need.items())
-        return ids + watermark > self.num_free_blocks() - reserved_blocks
+        return self.ids_needed(rid, more) + watermark > self.num_free_blocks() - reserved_blocks
 
     # -- block ids -----------------------------------------------------------------------------
     def _block(self, block_id):
@@ -219,12 +215,12 @@ class KVCacheManager:
         """vLLM ids of group g's logical blocks [start_block, end_block) of one request."""
         t, bs = tables[g.name], g.block_size
         if g.kind == "full":
-            return [self.ids.vllm_id(("comp", g.name), s) for s in t.comp[start_block:end_block]]
-        out, pk, W = [], ("swa", g.name), g.window
+            return [vllm_id(s, 0, self.per_page) for s in t.comp[start_block:end_block]]
+        out, W = [], g.window
         for b in range(start_block, end_block):
             p = b * bs
             slot = t.swa[p // W] if p // W < len(t.swa) else -1
-            out.append(NULL_BLOCK_ID if slot < 0 else self.ids.vllm_id(pk, slot, p % W // bs))
+            out.append(NULL_BLOCK_ID if slot < 0 else vllm_id(slot, p % W // bs, self.per_page))
         return out
 
     def _blocks(self, rid, start_tokens, end_tokens):
@@ -263,6 +259,7 @@ class KVCacheManager:
         track = self.tracked.get(request.request_id)
         if track is not None and track.started:
             commit_known(self.cache, track, request, num_computed_tokens)
+            self._drain(request)
 
     def free(self, request):
         """Release the request: its known computed tokens committed, all it holds given
@@ -273,18 +270,7 @@ class KVCacheManager:
         if track.started:
             commit_known(self.cache, track, request, request.num_computed_tokens)
         self.cache.free(request.request_id)
-
-    def pop_blocks_for_free(self, request):
-        """hybridkv releases at free (no deferred return): frees now, returns no blocks."""
-        self.free(request)
-        return []
-
-    def remove_skipped_blocks(self, request_id, processed_computed_tokens,
-                              num_prompt_tokens=None):
-        """No-op: hybridkv releases window pages itself as commits slide the window."""
-
-    def evict_blocks(self, block_ids):
-        """No-op: the CacheManager has no public eviction by block (see the module README)."""
+        self._drain(request)
 
     def reset_prefix_cache(self):
         """Drop every cached block (a fresh CacheManager), only while no request holds any:
@@ -300,30 +286,14 @@ class KVCacheManager:
         return True
 
     def take_events(self):
+        """vLLM's KV events since the last call (BlockStored / BlockRemoved /
+        AllBlocksCleared), oldest first; none unless enable_kv_cache_events."""
         events, self.events = self.events, []
         return events
 
-    # -- vLLM machinery hybridkv does not use ----------------------------------------------------
-    def get_num_common_prefix_blocks(self, running_request_id):
-        return [0] * self.num_kv_cache_groups
-
-    def create_kv_cache_blocks(self, blocks):
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
-    def take_new_block_ids(self):
-        return []
-
-    def record_blocks_for_zeroing(self, request_id, start_token):
-        """No-op: no connector load writes into hybridkv's blocks."""
-
     def take_kv_cache_block_copies(self):
-        return [], []
-
-    def take_boundary_state_offloads(self):
-        return {}
-
-    def finalize_partial_tail_offloads(self, request):
-        return []
-
-    def new_step_starts(self):
-        """No-op: hybridkv has no per-step state."""
+        """The window restores of this step's hits for vLLM's worker (source -> destination
+        vLLM block), with the blocks they keep."""
+        copies, self.copies = self.copies, []
+        return ([KVCacheBlockCopy(s, d) for s, d in copies],
+                [self._block(i) for pair in copies for i in pair])

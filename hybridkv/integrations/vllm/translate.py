@@ -22,6 +22,18 @@ class Tracked:
     committed: int = 0        # positions committed to hybridkv (their token ids known)
 
 
+@dataclass
+class UnusedArgs:
+    """vLLM constructor arguments that select vLLM-internal machinery hybridkv replaces."""
+    max_in_flight_tokens: object = None
+    use_eagle: bool = False
+    num_hash_lookahead_tokens: int = 0
+    num_prefill_lookahead: int = 0
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
+    metrics_collector: object = None
+
+
 def cdiv(a, b):
     return -(-a // b)
 

@@ -115,7 +115,7 @@ def compare(trace: Trace, layout: str, capacity_blocks: int, progress: bool = Fa
     cost = get_layout(layout)
     lengths = [r.input_length for r in trace.requests] or [1]
     mgr = RuntimeManager(layout, capacity_blocks, max(lengths), sum(lengths) / len(lengths),
-                         **runtime_options)
+                         block_tokens=trace.block_size, **runtime_options)
     ours = replay(trace, mgr, cost, progress)
     lru = replay(trace, LRUManager(cost, capacity_blocks, trace.block_size, engine_rule=True),
                  cost, progress)

@@ -9,12 +9,16 @@ and commits that end on every checkpoint the allocation returns, then on its end
 Token expansion happens in ``prepare``, outside the timed call, so ops/s counts the manager
 alone. A refused allocation (AdmissionRefused) counts the request as a miss.
 
-Layouts (`runtime_layout`): ``full`` = ``ModelLayout.full(block_size=512)`` (one dense group),
-``v4-mini`` = ``ModelLayout.v4_mini(block_size=512, window=128, hca_ratio=128)`` (the bench's
+Layouts (`runtime_layout`): ``full`` = ``ModelLayout.full(block_size=P)`` (one dense group),
+``v4-mini`` = ``ModelLayout.v4_mini(block_size=P, window=128, hca_ratio=128)`` (the bench's
 W = 128 and m' = 128; the trace vocabulary).  Pools live on ``device="meta"``: bookkeeping only.
+The page P (`page_tokens`) is the trace's block tokens (512 on Mooncake), so a hit keeps every
+whole trace block it covers; v4-mini rounds it up to a multiple of m' = 128 (an HCA block must
+hold whole compressed entries).
 
-Capacity (`runtime_pool_sizes`): `capacity_blocks` x the layout's chain bytes per 512-token
-block (``unit``: comp + idx of every chained group) is the byte budget of all pools together.
+Capacity (`runtime_pool_sizes`): `capacity_blocks` x the layout's chain bytes per 512 tokens
+(comp + idx of every chained group) is the byte budget of all pools together, whatever the page;
+``unit`` is the chain bytes of one page, so the chain blocks follow from the budget.
 It holds first the working objects of the longest request (its pinned chain, one chunk's window
 pages, tails and the snapshots of one allocation), then splits the rest between chain units
 (one block in each chain pool) and checkpoint sets (the exact objects of a checkpoint at a block
@@ -23,13 +27,14 @@ boundary: one block in each snapshot pool, ``ckpt_bytes`` = 3.24 units on v4-min
 Tuning (`tuned`).  The manager's pools have fixed sizes, so the split cannot follow demand as
 the simulator's borrowing did; it is set from the workload's mean prompt instead: a cached
 request keeps about RETAINED_PER_REQUEST = 1.2 checkpoints (its end, sometimes a branch point)
-over mean_tokens / 512 chain blocks, plus mean_tokens / every_n periodic ones, so checkpoint
-sets per chain unit = (1.2 + mean_tokens / every_n) x 512 / mean_tokens.  Periodic checkpoints
-(every_n = 1024) pay only once the budget holds DENSE_REQUESTS = 2000 mean prompts; below
-that they evict the retention points other requests would hit.  Chosen from v4-mini sweeps on
-both Mooncake traces and the bench's synthetic generator (the optimum sits at 0.03-0.05 sets per
-unit at 10k blocks on Mooncake, 0.13 on the generator's shorter prompts, about 0.5 with
-periodic checkpoints at 100k); `--snapshot-fraction` / `--every-n` override it.
+over mean_tokens / P chain blocks, plus mean_tokens / every_n periodic ones, so checkpoint
+sets per chain unit = (1.2 + mean_tokens / every_n) x P / mean_tokens.  Periodic checkpoints
+(every_n = 1024, rounded up to a multiple of P) pay only once the budget holds DENSE_REQUESTS =
+2000 mean prompts; below that they evict the retention points other requests would hit.
+Chosen from v4-mini sweeps on both Mooncake traces and the bench's synthetic generator (the
+optimum sits at 0.03-0.05 sets per unit at 10k blocks on Mooncake, 0.13 on the generator's
+shorter prompts, about 0.5 with periodic checkpoints at 100k; all at 512-token pages);
+`--snapshot-fraction` / `--every-n` override it.
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ from hybridkv.errors import AdmissionRefused
 from hybridkv.layout import ModelLayout
 from hybridkv.policy import FilteredLRUPolicy
 
-PAGE_TOKENS = 512              # tokens per runtime block (capacity unit) in both layouts
+PAGE_TOKENS = 512              # tokens per capacity block; the page on Mooncake traces
+HCA_RATIO = 128                # v4-mini's m': its page is a multiple of this
 CHUNK_TOKENS = 2048            # prefill chunk
 LAYOUT_NAMES = ("full", "v4-mini")
 RETAINED_PER_REQUEST = 1.2     # checkpoints a cached request keeps besides periodic ones
@@ -52,16 +58,24 @@ DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this
 DENSE_EVERY_N = 1024
 
 
-def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float) -> dict:
-    """Default ``every_n`` and checkpoint sets per chain unit (see the module docstring,
-    "Tuning"); a layout without snapshots needs neither."""
+def page_tokens(layout_name: str, block_tokens: int = PAGE_TOKENS) -> int:
+    """Tokens per runtime page for a trace of `block_tokens`-token hash ids (module docstring)."""
+    if layout_name == "v4-mini":
+        return _ceil(block_tokens, HCA_RATIO) * HCA_RATIO
+    return block_tokens
+
+
+def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float,
+          page: int = PAGE_TOKENS) -> dict:
+    """Default ``every_n`` and checkpoint sets per chain unit of `page` tokens (see the module
+    docstring, "Tuning"); a layout without snapshots needs neither."""
     if layout_name != "v4-mini":
         return {"every_n": 0, "checkpoints_per_chain": 0.0}
-    mean_tokens = max(mean_tokens, PAGE_TOKENS)
+    mean_tokens = max(mean_tokens, page)
     dense = capacity_blocks * PAGE_TOKENS >= DENSE_REQUESTS * mean_tokens
-    every_n = DENSE_EVERY_N if dense else 0
+    every_n = _ceil(DENSE_EVERY_N, page) * page if dense else 0
     per_request = RETAINED_PER_REQUEST + (mean_tokens / every_n if every_n else 0.0)
-    return {"every_n": every_n, "checkpoints_per_chain": per_request * PAGE_TOKENS / mean_tokens}
+    return {"every_n": every_n, "checkpoints_per_chain": per_request * page / mean_tokens}
 
 
 class RuntimeLayoutError(ValueError):
@@ -85,9 +99,9 @@ def runtime_layout(name: str, page_tokens: int = PAGE_TOKENS, vocab: int = DEFAU
 class PoolSizing(NamedTuple):
     sizes: dict               # (kind, group) -> num_blocks
     block_nbytes: dict        # (kind, group) -> bytes per block
-    unit: int                 # chain bytes per block boundary (the capacity unit)
+    unit: int                 # chain bytes of one page (one block in each chain pool)
     ckpt_bytes: int           # bytes of one checkpoint's exact objects at a block boundary
-    budget_bytes: int         # capacity_blocks x unit
+    budget_bytes: int         # capacity_blocks x chain bytes per 512 tokens
     floor_bytes: int          # working objects of the longest request
     bytes: int                # what the sizes hold (> budget only when the floor is)
     chain_units: int          # chain blocks per chain pool beyond the floor
@@ -132,7 +146,7 @@ def runtime_pool_sizes(rlayout, capacity_blocks: int, max_tokens: int,
     boundary = max(g.block_size for g in rlayout.groups)
     exact = [(s.kind, s.group) for s in rlayout.exact_at(boundary)]
     ckpt_bytes = sum(nb[pk] for pk in exact)
-    budget = capacity_blocks * unit
+    budget = capacity_blocks * unit * PAGE_TOKENS // boundary    # chain bytes scale with tokens
     floor = working_floor(rlayout, max_tokens, chunk_tokens, every_n)
     floor_bytes = sum(floor[pk] * nb[pk] for pk in floor)
     rest = max(0, budget - floor_bytes)
@@ -162,14 +176,16 @@ class RuntimeManager:
                  mean_tokens: float | None = None, every_n: int | None = None,
                  snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
-                 vocab: int = DEFAULT_VOCAB, hints: bool = True, checked: bool = False):
+                 vocab: int = DEFAULT_VOCAB, hints: bool = True, checked: bool = False,
+                 block_tokens: int = PAGE_TOKENS):
+        self.page_tokens = page_tokens(layout_name, block_tokens)
         defaults = tuned(layout_name, capacity_blocks,
-                         max_tokens if mean_tokens is None else mean_tokens)
+                         max_tokens if mean_tokens is None else mean_tokens, self.page_tokens)
         every_n = defaults["every_n"] if every_n is None else every_n
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         self.hints = hints
-        self.rlayout = runtime_layout(layout_name, PAGE_TOKENS, vocab)
+        self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab)
         self.chunk_tokens = chunk_tokens
         self.snapshot_fraction = snapshot_fraction
         self.checkpoints_per_chain = defaults["checkpoints_per_chain"]
@@ -216,6 +232,7 @@ class RuntimeManager:
         """What this replay ran: pools, sizing, options, refusals."""
         sz = self.sizing
         return {"layout": repr(self.rlayout), "device": str(self.mgr.device),
+                "page_tokens": self.page_tokens,
                 "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
                 "snapshot_fraction": self.snapshot_fraction,
                 "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,

@@ -57,8 +57,8 @@ def test_hints_off_still_hits():
 @pytest.mark.parametrize("block", [16, 48, 512])
 def test_block_tokens_with_partial_last_blocks(block):
     """Hash ids of `block`-token blocks, lengths not a multiple of it: B repeats all of A's
-    whole ids (>= 1056 tokens), then goes its own way; B reuses the 1024 tokens that fill
-    whole 512-token pages of A, in both layouts."""
+    whole ids (>= 1056 tokens), then goes its own way; B reuses the shared tokens that fill
+    whole pages of A: `block`-token pages in full, pages of a multiple of 128 in v4-mini."""
     n_a, n_b = -(-1100 // block), -(-1500 // block)
     a = (1100, tuple(range(n_a)))
     b = (1500, tuple(range(n_a - 1)) + tuple(10_000 + i for i in range(n_b - n_a + 1)))
@@ -67,9 +67,25 @@ def test_block_tokens_with_partial_last_blocks(block):
     assert [len(t) for t in toks] == [1100, 1500]
     shared = (n_a - 1) * block
     assert toks[0][:shared] == toks[1][:shared] and toks[0][shared] != toks[1][shared]
-    for layout in ("full", "v4-mini"):
-        r = replay(tr, RuntimeManager(layout, 100, 1500), FULL)
-        assert (r.hit_tokens, r.total_tokens) == (1024, 2600), (layout, block)
+    for layout, page in (("full", block), ("v4-mini", -(-block // 128) * 128)):
+        m = RuntimeManager(layout, 100, 1500, block_tokens=block)
+        r = replay(tr, m, FULL)
+        assert m.describe()["page_tokens"] == page
+        assert (r.hit_tokens, r.total_tokens) == (shared // page * page, 2600), (layout, block)
+
+
+@pytest.mark.parametrize("block", [16, 32])
+def test_small_trace_blocks_page_at_the_trace_block(block):
+    """Ample capacity, 16/32-token hash ids: pages of the trace's block keep every whole trace
+    block a hit covers, so ours >= LRU under the engine rule (512-token pages lost the partial
+    page and fell below it); the byte budget is the same as at 512-token pages."""
+    tr = synthetic_trace(200, seed=2, block_size=block)
+    r = compare(tr, "full", 10_000)
+    assert r["ours"]["hit_rate"] >= r["lru"]["hit_rate"] > 0, (r["ours"], r["lru"])
+    assert r["runtime"]["page_tokens"] == block and r["runtime"]["refused"] == 0
+    at_512 = RuntimeManager("full", 10_000, max(q.input_length for q in tr.requests)).sizing
+    assert r["runtime"]["budget_bytes"] == at_512.budget_bytes
+    assert r["runtime"]["num_blocks"]["comp/full"] == at_512.sizes[("comp", "full")] * 512 // block
 
 
 def test_ours_beats_lru_where_lru_keeps_dead_blocks():

@@ -37,7 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--capacity-blocks", type=int, default=10000,
                    help="cache size in 512-token blocks of the layout's chain bytes")
     p.add_argument("--block-tokens", type=int, default=512, metavar="N",
-                   help="tokens each hash id of the trace stands for (Mooncake: 512)")
+                   help="tokens each hash id of the trace stands for (Mooncake: 512); ours pages "
+                        "at N tokens (v4-mini: N rounded up to a multiple of 128)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--timestamp-unit", choices=TIMESTAMP_UNITS, default="auto",
                    help="unit of the trace's timestamps (auto: ns when the last timestamp is "

@@ -161,3 +161,12 @@ def test_a_window_hit_hands_its_restore_to_the_worker():
     assert copies and {c.dst_block_id for c in copies} <= set(swa_ids)
     assert not {c.src_block_id for c in copies} & set(swa_ids)
     assert len(kept) == 2 * len(copies) and kv.take_kv_cache_block_copies() == ([], [])
+
+
+def test_positive_retention_without_a_window_group_is_refused():
+    from dataclasses import replace
+    cfg = replace(config(64, full()), prefix_cache_retention_interval=BS)
+    with pytest.raises(ValueError, match="no sliding-window or Mamba"):
+        KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
+    hybrid = replace(config(64, full(), swa(32)), prefix_cache_retention_interval=BS)
+    KVCacheManager(hybrid, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)

@@ -163,6 +163,14 @@ def test_a_window_hit_hands_its_restore_to_the_worker():
     assert len(kept) == 2 * len(copies) and kv.take_kv_cache_block_copies() == ([], [])
 
 
+def test_eagle_drops_the_last_matched_block():
+    kv = KVCacheManager(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
+                        hash_block_size=BS, use_eagle=True)
+    prefill(kv, request("a", list(range(3 * BS))))
+    assert kv.get_computed_blocks(request("b", list(range(3 * BS))))[1] == BS
+    assert prefill(kv, request("c", list(range(3 * BS)) + [7])) == 2 * BS
+
+
 def test_positive_retention_without_a_window_group_is_refused():
     from dataclasses import replace
     cfg = replace(config(64, full()), prefix_cache_retention_interval=BS)

@@ -22,7 +22,7 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
 from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
-from hybridkv.integrations.vllm.events import vllm_copies, vllm_events
+from hybridkv.integrations.vllm.events import VllmEvents, vllm_copies
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
@@ -43,13 +43,13 @@ class KVCacheManager(UnusedMachinery):
                  enable_mamba_shared_prefix_checkpoint=False):
         if dcp_world_size != 1 or pcp_world_size != 1:
             raise UnsupportedSpec("context parallelism", (dcp_world_size, pcp_world_size))
-        self.unused = UnusedArgs(max_in_flight_tokens, num_hash_lookahead_tokens,
-                                 num_prefill_lookahead, dcp_world_size, pcp_world_size,
-                                 metrics_collector)
+        self.unused = UnusedArgs(max_in_flight_tokens, num_prefill_lookahead, dcp_world_size,
+                                 pcp_world_size, metrics_collector)
         self.kv_cache_config, self.max_model_len = kv_cache_config, max_model_len
         self.scheduler_block_size, self.hash_block_size = scheduler_block_size, hash_block_size
         self.enable_caching, self.enable_kv_cache_events = enable_caching, enable_kv_cache_events
         self.log_stats, self.use_eagle = log_stats, use_eagle
+        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
@@ -73,7 +73,7 @@ class KVCacheManager(UnusedMachinery):
 
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped."""
-        self.events += vllm_events(self.cache.take_events(), request, self.kv_cache_config)
+        self.events += self.feed(self.cache.take_events(), request)
 
     # -- capacity and stats --------------------------------------------------------------------
     def num_free_blocks(self):
@@ -279,7 +279,7 @@ class KVCacheManager(UnusedMachinery):
         if any(t.started for t in self.tracked.values()):
             return False
         self.tracked.clear()
-        self.cache = self._new_cache()
+        self.cache, self.feed.hashes = self._new_cache(), {}
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         if self.log_stats:

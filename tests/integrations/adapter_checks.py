@@ -4,7 +4,8 @@ import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,
+                                         maybe_convert_block_hash)
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         MambaSpec, SlidingWindowSpec)
 from vllm.v1.request import Request
@@ -39,6 +40,10 @@ def manager(num_blocks, *specs):
 def request(rid, tokens, salt=None):
     return Request(rid, tokens, SamplingParams(max_tokens=4), None, cache_salt=salt,
                    block_hasher=get_request_block_hasher(BS, sha256))
+
+
+def vllm_hashes(req):
+    return [maybe_convert_block_hash(h) for h in req.block_hashes]
 
 
 def prefill(kv, req):
@@ -140,6 +145,7 @@ def test_kv_events_follow_what_hybridkv_files_and_drops():
     events = kv.take_events()
     removed = [e for e in events if isinstance(e, BlockRemoved)]
     assert sorted(h for e in removed for h in e.block_hashes) == sorted(stored.block_hashes)
+    assert stored.block_hashes == vllm_hashes(a)         # vLLM's hashes, not hybridkv's keys
     assert isinstance(events[-1], BlockStored)
     kv.free(request("b", []))
     kv.take_events()
@@ -161,3 +167,33 @@ def test_a_window_hit_hands_its_restore_to_the_worker():
     assert copies and {c.dst_block_id for c in copies} <= set(swa_ids)
     assert not {c.src_block_id for c in copies} & set(swa_ids)
     assert len(kept) == 2 * len(copies) and kv.take_kv_cache_block_copies() == ([], [])
+
+
+def test_eagle_drops_the_last_matched_block():
+    kv = KVCacheManager(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
+                        hash_block_size=BS, use_eagle=True)
+    prefill(kv, request("a", list(range(3 * BS))))
+    assert kv.get_computed_blocks(request("b", list(range(3 * BS))))[1] == BS
+    assert prefill(kv, request("c", list(range(3 * BS)) + [7])) == 2 * BS
+
+
+def test_positive_retention_without_a_window_group_is_refused():
+    from dataclasses import replace
+    cfg = replace(config(64, full()), prefix_cache_retention_interval=BS)
+    with pytest.raises(ValueError, match="no sliding-window or Mamba"):
+        KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
+    hybrid = replace(config(64, full(), swa(32)), prefix_cache_retention_interval=BS)
+    KVCacheManager(hybrid, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
+
+
+def test_kv_events_carry_the_lookahead_hashes_vllm_computes():
+    from vllm.distributed.kv_events import BlockStored
+    kv = KVCacheManager(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
+                        hash_block_size=BS, enable_kv_cache_events=True,
+                        num_hash_lookahead_tokens=1)
+    a = Request("a", list(range(2 * BS + 1)), SamplingParams(max_tokens=4), None,
+                block_hasher=get_request_block_hasher(BS, sha256, 1))
+    prefill(kv, a)
+    (stored,) = kv.take_events()
+    assert isinstance(stored, BlockStored) and stored.block_hashes == vllm_hashes(a)
+    assert stored.lookahead_token_ids == [[BS], [2 * BS]] and len(stored.extra_keys) == 2

@@ -5,12 +5,14 @@ its prefix index; the adapter drains them right after each call it makes for a v
 (the stored ones are that request's: its commit published them), so the request's token ids,
 LoRA and session fill vLLM's ``BlockStored`` without the adapter keeping any request:
 
-  CacheEvent(stored, group g<i>, key, parent, at)  BlockStored(block_hashes=[key, ...],
+  CacheEvent(stored, group g<i>, key, parent, at)  BlockStored(block_hashes=[vLLM's hash of
+                                                   the block ending at at, ...],
                                                    parent_block_hash, token_ids of the blocks,
                                                    group_idx=i, the group's spec kind); a run
                                                    of one group's consecutive blocks is one
                                                    event, as vLLM emits them
-  CacheEvent(removed, group g<i>, key)             BlockRemoved([key], group_idx=i)
+  CacheEvent(removed, group g<i>, key)             BlockRemoved([the hash key was reported
+                                                   under], group_idx=i)
   a fresh CacheManager (reset_prefix_cache)        AllBlocksCleared (the adapter's)
 
 A hybridkv chain block is one vLLM block (full attention); a window snapshot at ``at`` is
@@ -21,6 +23,9 @@ reported as the window group's block ending at ``at`` (the state through it is c
 from hybridkv.integrations.vllm.block_ids import vllm_id
 from hybridkv.integrations.vllm.specs import window_blocks
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
+                                         generate_lookahead_block_hash_extra_keys,
+                                         maybe_convert_block_hash, to_event_extra_keys)
 from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                         get_kv_cache_spec_sliding_window)
 
@@ -29,30 +34,69 @@ def group_index(name):
     return int(name[1:])                   # layout_from_vllm names group i "g<i>"
 
 
-def vllm_events(cache_events, request, kv_cache_config):
-    """vLLM's KV events for hybridkv's CacheEvents (stored ones published for ``request``)."""
-    out, lora = [], getattr(request, "lora_request", None)
-    for e in cache_events:
-        i = group_index(e.group)
-        if not e.stored:
-            out.append(BlockRemoved(block_hashes=[e.key], medium=MEDIUM_GPU, group_idx=i))
-            continue
-        spec = kv_cache_config.kv_cache_groups[i].kv_cache_spec
-        bs, last = spec.block_size, out[-1] if out else None
-        tokens = list(request.all_token_ids[max(0, e.at - bs):e.at])
-        if isinstance(last, BlockStored) and last.group_idx == i and \
-                last.block_hashes[-1] == e.parent:
-            last.block_hashes.append(e.key)
-            last.token_ids.extend(tokens)
-            continue
-        out.append(BlockStored(
-            block_hashes=[e.key], parent_block_hash=e.parent, token_ids=tokens, block_size=bs,
+class VllmEvents:
+    """hybridkv's CacheEvents -> vLLM's KV events, named by vLLM's block hashes.
+
+    A block is reported under the request's ``block_hashes`` entry at its end (vLLM names a
+    group block by its last ``hash_block_size`` boundary's hash), with the tokens, extra keys
+    and lookahead tokens a consumer rebuilds that hash from; a block vLLM has no hash for yet
+    (its lookahead tokens not known) is not reported.  ``hashes`` is the translation table
+    (group, hybridkv key) -> the vLLM hash reported, so a removal names the same hash;
+    hybridkv's keys stay internal."""
+
+    def __init__(self, kv_cache_config, hash_block_size, lookahead):
+        self.config, self.hash_block_size = kv_cache_config, hash_block_size
+        self.lookahead, self.hashes = lookahead, {}
+
+    def vllm_hash(self, request, at):
+        i, hashes = at // self.hash_block_size - 1, request.block_hashes
+        return maybe_convert_block_hash(hashes[i]) if 0 <= i < len(hashes) else None
+
+    def __call__(self, cache_events, request):
+        """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
+        of one group's consecutive blocks is one BlockStored, as vLLM emits them."""
+        out = []                           # BlockRemoved, or [group index, block ends]
+        for e in cache_events:
+            i = group_index(e.group)
+            if not e.stored:
+                h = self.hashes.pop((e.group, e.key), None)
+                if h is not None:
+                    out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=i))
+                continue
+            h = self.vllm_hash(request, e.at)
+            if h is None:
+                continue
+            self.hashes[(e.group, e.key)] = h
+            bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size
+            if out and isinstance(out[-1], list) and out[-1][0] == i and \
+                    out[-1][1][-1] == e.at - bs:
+                out[-1][1].append(e.at)
+            else:
+                out.append([i, [e.at]])
+        return [self.stored(request, *e) if isinstance(e, list) else e for e in out]
+
+    def extra_keys(self, request, start, end):
+        if self.lookahead:
+            return generate_lookahead_block_hash_extra_keys(request, start, end,
+                                                            end + self.lookahead, 0)[0]
+        return generate_block_hash_extra_keys(request, start, end, 0)[0]
+
+    def stored(self, request, i, ends):
+        spec, lora = self.config.kv_cache_groups[i].kv_cache_spec, request.lora_request
+        bs, tokens = spec.block_size, request.all_token_ids
+        return BlockStored(
+            block_hashes=[self.vllm_hash(request, at) for at in ends],
+            parent_block_hash=self.vllm_hash(request, ends[0] - bs),
+            token_ids=list(tokens[max(0, ends[0] - bs):ends[-1]]), block_size=bs,
             lora_id=getattr(lora, "adapter_id", None), medium=MEDIUM_GPU,
             lora_name=getattr(lora, "name", None), group_idx=i,
+            extra_keys=to_event_extra_keys([self.extra_keys(request, max(0, at - bs), at)
+                                            for at in ends]),
             kv_cache_spec_kind=get_kv_cache_spec_kind(spec).value,
             kv_cache_spec_sliding_window=get_kv_cache_spec_sliding_window(spec),
-            session_id=getattr(request, "session_id", None)))
-    return out
+            session_id=getattr(request, "session_id", None),
+            lookahead_token_ids=[list(tokens[at:at + self.lookahead]) for at in ends]
+            if self.lookahead else None)
 
 
 def vllm_copies(allocation, layout, per_page):

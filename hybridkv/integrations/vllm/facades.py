@@ -12,6 +12,7 @@ from hybridkv.integrations.vllm.translate import cdiv
 class UnusedMachinery:
     """vLLM KVCacheManager methods for machinery hybridkv does not use or does elsewhere
     (the manager's base)."""
+    mamba_shared_prefix_checkpoint = False         # no Mamba groups: nothing to share
 
     def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
         return *self.get_computed_blocks(request, max_cache_hit_length), False

@@ -6,7 +6,8 @@ state: per request the positions it handed to hybridkv (``Tracked``), and one ``
 object per vLLM block id.
 
   vLLM                                    hybridkv
-  get_computed_blocks(request)            lookup(request_id, prompt[:limit], salt)   (H)
+  get_computed_blocks(request)            lookup(request_id, prompt[:limit], salt)   (H; with
+                                          EAGLE again below H - one block, as vLLM drops it)
   allocate_slots(request, n, ...)         allocate(rid, n + lookahead) (AdmissionRefused ->
                                           None, nothing changed), then commit(rid, k, ids) up
                                           to the tokens known (request.num_tokens)
@@ -21,7 +22,7 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
 from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
-from hybridkv.integrations.vllm.events import vllm_copies, vllm_events
+from hybridkv.integrations.vllm.events import VllmEvents, vllm_copies
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
@@ -42,13 +43,13 @@ class KVCacheManager(UnusedMachinery):
                  enable_mamba_shared_prefix_checkpoint=False):
         if dcp_world_size != 1 or pcp_world_size != 1:
             raise UnsupportedSpec("context parallelism", (dcp_world_size, pcp_world_size))
-        self.unused = UnusedArgs(max_in_flight_tokens, use_eagle, num_hash_lookahead_tokens,
-                                 num_prefill_lookahead, dcp_world_size, pcp_world_size,
-                                 metrics_collector)
+        self.unused = UnusedArgs(max_in_flight_tokens, num_prefill_lookahead, dcp_world_size,
+                                 pcp_world_size, metrics_collector)
         self.kv_cache_config, self.max_model_len = kv_cache_config, max_model_len
         self.scheduler_block_size, self.hash_block_size = scheduler_block_size, hash_block_size
         self.enable_caching, self.enable_kv_cache_events = enable_caching, enable_kv_cache_events
-        self.log_stats = log_stats
+        self.log_stats, self.use_eagle = log_stats, use_eagle
+        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
@@ -56,7 +57,6 @@ class KVCacheManager(UnusedMachinery):
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.mamba_shared_prefix_checkpoint = False
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.layout.groups))
         self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
         self.block_objects = {NULL_BLOCK_ID: self.null_block}   # vLLM id -> its KVCacheBlock
@@ -73,7 +73,7 @@ class KVCacheManager(UnusedMachinery):
 
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped."""
-        self.events += vllm_events(self.cache.take_events(), request, self.kv_cache_config)
+        self.events += self.feed(self.cache.take_events(), request)
 
     # -- capacity and stats --------------------------------------------------------------------
     def num_free_blocks(self):
@@ -116,13 +116,14 @@ class KVCacheManager(UnusedMachinery):
         limit = request.num_tokens - 1 if max_cache_hit_length is None else \
             min(max_cache_hit_length, request.num_tokens - 1)
         hit = self._look(request, limit, salt_of(request)) if limit > 0 else 0
+        if hit and self.use_eagle:         # vLLM's EAGLE drops a hit's last matched block
+            hit = self._look(request, hit - self.scheduler_block_size, salt_of(request))
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         return self._placeholders(hit), hit, 0
 
     def _look(self, request, limit, salt):
-        """hybridkv's resume point, at most ``limit`` (its lookup of limit + 1 tokens leaves
-        the last one to compute)."""
+        """hybridkv's resume point <= ``limit`` (it looks up limit + 1 tokens: one to compute)."""
         plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1), salt)
         self.tracked[request.request_id] = Tracked(hit=plan.reuse_tokens)
         return plan.reuse_tokens
@@ -278,7 +279,7 @@ class KVCacheManager(UnusedMachinery):
         if any(t.started for t in self.tracked.values()):
             return False
         self.tracked.clear()
-        self.cache = self._new_cache()
+        self.cache, self.feed.hashes = self._new_cache(), {}
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         if self.log_stats:

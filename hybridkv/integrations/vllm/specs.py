@@ -16,6 +16,7 @@ from hybridkv.errors import LayoutError
 from hybridkv.layout import LayerGroup, ModelLayout
 
 SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec")
+RETAINED = ("SlidingWindowSpec", "MambaSpec")        # the specs vLLM's retention applies to
 
 
 class UnsupportedSpec(LayoutError):
@@ -50,8 +51,14 @@ def layout_from_vllm(kv_cache_config):
 
 def every_n(kv_cache_config, layout):
     """hybridkv's retention interval for vLLM's ``prefix_cache_retention_interval`` (rounded
-    up to the hash granule; 0 stays 0)."""
+    up to the hash granule; 0 stays 0).  A positive one on a config with no sliding-window or
+    Mamba group is refused with ValueError, as vLLM refuses it (it would have no effect)."""
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", 0) or 0
+    if interval and not any(c.__name__ in RETAINED for g in kv_cache_config.kv_cache_groups
+                            for c in type(g.kv_cache_spec).__mro__):
+        raise ValueError(f"prefix_cache_retention_interval ({interval}) is set but the model "
+                         "has no sliding-window or Mamba KV cache group: retention has no "
+                         "effect (set it to 0)")
     return _ceil(interval, layout.granule) * layout.granule
 
 

@@ -7,11 +7,10 @@ import random
 import pytest
 
 from hybridkv.cache import CacheManager
-from hybridkv.cache.admission import Admission
-from hybridkv.cache.eviction import Evictor
 from hybridkv.disk import DiskTier
 from hybridkv.errors import AdmissionRefused, InvariantViolation
 from tests.cache.helpers import LAY, commit_all, fingerprint
+from tests.cache.seeded import old_counting, unreserved_spills
 
 P = [(7 * i + 3) % 250 for i in range(96)]
 Q = [(11 * i + 5) % 250 for i in range(80)]
@@ -72,17 +71,9 @@ def test_refused_first_allocation_changes_nothing_and_the_retry_works():
     m.check_invariants()
 
 
-def _old_counting(monkeypatch):
-    """Seeded defect: admission counts every cached block, as before the fix."""
-    monkeypatch.setattr(Evictor, "available",
-                        lambda self, pk: self.pools[pk].n_free + len(self.cached[pk]))
-    monkeypatch.setattr(Evictor, "takeable",
-                        lambda self, ref: ref.block in self.cached[(ref.kind, ref.group)])
-
-
 def test_seeded_old_counting_evicts_before_refusing(monkeypatch):
     """Negative control: with the old count the same call evicts first, then refuses."""
-    _old_counting(monkeypatch)
+    old_counting(monkeypatch)
     m = recomputed_behind_a_publisher()
     m.checked = False
     m.lookup("C", Q[:8])
@@ -123,9 +114,6 @@ def test_admission_cap_holds_with_a_disk_tier(tmp_path):
 def test_seeded_unreserved_spills_break_the_cap(tmp_path, monkeypatch):
     """Negative control: spills started while making room, not counted beside the
     allocation's blocks (the old order), push transit past the cap: checked mode sees it."""
-    def unreserved(self, need):
-        for pk, k in need.items():
-            self.evictor.make_room(pk, k)
-    monkeypatch.setattr(Admission, "make_room", unreserved)
+    unreserved_spills(monkeypatch)
     with pytest.raises(InvariantViolation, match="admission_cap"):
         pressure_with_disk(tmp_path, cap=64)

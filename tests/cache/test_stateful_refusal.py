@@ -18,13 +18,12 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule, run_state_machine_as_test)
 
 from hybridkv.cache import CacheManager
-from hybridkv.cache.admission import Admission
 from hybridkv.cache.disklink import DiskLink
-from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.manager import CacheManager as Manager
 from hybridkv.disk import DiskTier, LocalBackend
 from hybridkv.errors import AdmissionRefused, CacheError, StaleRead
 from tests.cache.helpers import LAY, fingerprint
+from tests.cache.seeded import old_counting, unreserved_spills
 from tests.disk.test_spill_epoch import FullDisk
 
 BASES = [[(7 * i + 3) % 250 for i in range(96)], [(11 * i + 5) % 250 for i in range(96)]]
@@ -281,20 +280,6 @@ def test_refusals_deep():
         max_examples=500, stateful_step_count=50, **SETTINGS))
 
 
-def _old_counting(monkeypatch):
-    monkeypatch.setattr(Evictor, "available",
-                        lambda self, pk: self.pools[pk].n_free + len(self.cached[pk]))
-    monkeypatch.setattr(Evictor, "takeable",
-                        lambda self, ref: ref.block in self.cached[(ref.kind, ref.group)])
-
-
-def _unreserved_spills(monkeypatch):
-    def make_room(self, need):
-        for pk, k in need.items():
-            self.evictor.make_room(pk, k)
-    monkeypatch.setattr(Admission, "make_room", make_room)
-
-
 def _retry_storm(monkeypatch):
     """spill_all and eviction spills retry a failed object with nothing changed."""
     monkeypatch.setattr(DiskLink, "gave_up", lambda self, key: False)
@@ -309,8 +294,8 @@ def _unchecked_reads(monkeypatch):
 
 
 @pytest.mark.parametrize("seed_bug, found", [
-    (_old_counting, "changed the cache"),
-    (_unreserved_spills, "admission_cap"),
+    (old_counting, "changed the cache"),
+    (unreserved_spills, "admission_cap"),
     (_retry_storm, "retried with nothing changed"),
     (_unchecked_reads, "raised AttributeError"),
 ])

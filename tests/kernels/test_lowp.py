@@ -2,18 +2,15 @@
 fp32 from the same stored values, within kernels.lowp's tolerance (ATOL + one ulp of the
 output's dtype x max|ref| + the tf32 rounding of p on a GPU); the launch guard's dtype pairs;
 the compiled bf16 / fp8 rows."""
-import argparse
-import json
-
 import pytest
 import torch
 
-from hybridkv.commands import check_kernels
 from kernels import LaunchRefused, index_topk, swa_attention
 from kernels.guards import check_pool
 from kernels.lowp import BF16, FP8, FP8_WRITE_INTERPRETED, WRITES, cast, lowp_cases, lowp_check
 from kernels.selfcheck import attention_case, indexer_case
 from spec.funnel import pool_abi
+from tests.kernels.test_cli import _run
 
 CASES = lowp_cases(0)
 
@@ -63,15 +60,8 @@ def test_indexer_refuses_half_queries_and_fp8_under_fp32():
     assert e.value.check == "abi"
 
 
-def _compile(capsys, *argv):
-    p = argparse.ArgumentParser()
-    check_kernels.add_arguments(p)
-    rc = check_kernels.run(p.parse_args(list(argv)))
-    return rc, json.loads(capsys.readouterr().out)
-
-
 def test_bf16_and_fp8_compile_for_sm90_at_v4_mini(capsys):
-    rc, out = _compile(capsys, "--compile", "sm_90", "--shapes", "v4-mini", "--dtypes",
+    rc, out = _run(capsys, "--compile", "sm_90", "--shapes", "v4-mini", "--dtypes",
                        "bf16,fp8", "--json")
     assert rc == 0 and out["ok"] and len(out["compiled"]) == 14
     for r in out["compiled"]:
@@ -81,7 +71,7 @@ def test_bf16_and_fp8_compile_for_sm90_at_v4_mini(capsys):
 
 @pytest.mark.slow
 def test_fp8_on_sm80_is_a_named_unsupported_row(capsys):
-    rc, out = _compile(capsys, "--compile", "sm_80", "--shapes", "v4-mini", "--dtypes", "fp8",
+    rc, out = _run(capsys, "--compile", "sm_80", "--shapes", "v4-mini", "--dtypes", "fp8",
                        "--json")
     assert rc == 0 and out["ok"]
     assert all(not r["ok"] and "sm_80" in r["unsupported"] for r in out["compiled"])
@@ -89,7 +79,7 @@ def test_fp8_on_sm80_is_a_named_unsupported_row(capsys):
 
 @pytest.mark.slow
 def test_deepseek_v4_compiles_in_bf16_and_fp8(capsys):
-    rc, out = _compile(capsys, "--compile", "sm_80,sm_90", "--shapes", "deepseek-v4",
+    rc, out = _run(capsys, "--compile", "sm_80,sm_90", "--shapes", "deepseek-v4",
                        "--dtypes", "bf16,fp8", "--json")
     assert rc == 0 and out["ok"]
     for r in out["compiled"]:

@@ -174,7 +174,8 @@ def test_the_kernels_read_arena_pages():
     assert torch.allclose(logits["arena", "triton"][0], logits["arena", "torch"][0], atol=1e-5)
 
 
-@pytest.mark.parametrize("model", [M, MT], ids=["torch", "triton"])
+@pytest.mark.parametrize("model", [M, pytest.param(MT, marks=pytest.mark.slow)],
+                         ids=["torch", "triton"])   # Triton interpreted: ~30 s, slow tier
 def test_engine_in_arena_mode_equals_per_pool_mode_and_cold_runs(model):
     """The arena's tables and views give the model exactly the bytes the per-pool mode does:
     the same tokens, each equal to a cold run's, reuse too, on either backend."""

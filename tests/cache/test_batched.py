@@ -64,7 +64,8 @@ def make_pool(kind, n, run_min):
     return pool
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [k if k == "comp" else pytest.param(k, marks=pytest.mark.slow)
+                                  for k in KINDS])    # comp by default, every kind: -m slow
 def test_every_state_event_and_guard_outcome(kind):
     recs = grid(make_pool(kind, 1, 1))
     outcomes = set()

@@ -20,6 +20,7 @@ def test_import_hybridkv_never_imports_vllm():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 
 
+@pytest.mark.slow           # ~50 s in the vLLM venv: the adapter tier, `pytest -m slow`
 def test_adapter_on_vllm_objects():
     py = find_vllm_python()
     if py is None:

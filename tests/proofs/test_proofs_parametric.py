@@ -67,6 +67,7 @@ def test_seeded_bug_is_real_beyond_deep():
         assert not INVARIANTS["well_formed"](_four_holders(c), c)
 
 
+@pytest.mark.slow
 def test_parametric_tier_finds_the_seeded_bug(enc):
     """The same bug: the all-sizes induction of well_formed over a spill, which the real spec
     passes, no longer goes through (Z3 cannot certify pins = holders once a fourth holder

@@ -9,16 +9,13 @@ import torch
 from hybridkv.disk import (BadInput, DiskMeta, DiskTier, HookedBackend, LoadStatus,
                            LocalBackend)
 from hybridkv.testing.faults.hooks import gate
+from tests.disk.blobs import k, x as blob
 
 M = DiskMeta("swa", abi=4, tok_lo=0, tok_hi=64)
 
 
-def k(i):
-    return f"{i:032x}"
-
-
 def x(i, n=2048):
-    return torch.randn(n, generator=torch.Generator().manual_seed(i))
+    return blob(i, n)
 
 
 def test_spill_of_a_non_tensor_raises_bad_input(tmp_path):

@@ -9,16 +9,13 @@ import torch
 from hybridkv.disk import DiskMeta, DiskTier, FileOps, LocalBackend
 from hybridkv.disk.spill import private_bytes
 from tests.disk.redis_server import redis_server
+from tests.disk.blobs import k, x as blob
 
 M = DiskMeta("swa", abi=5, tok_lo=0, tok_hi=64)
 
 
-def k(i):
-    return f"{i:032x}"
-
-
 def x(i, n=4096):
-    return torch.randn(n, generator=torch.Generator().manual_seed(i))
+    return blob(i, n)
 
 
 class FullDisk(FileOps):

@@ -13,16 +13,10 @@ from hybridkv.disk.loader import load_verdict
 from hybridkv.disk.tier import STATE_NAMES, IllegalTransition
 from hybridkv.testing.faults.hooks import gate
 from spec.disk import DiskPrefixMachine
+from tests.disk.blobs import k, x
 
 M = DiskMeta("compressed_kv", abi=3, tok_lo=0, tok_hi=64)
 
-
-def k(i):
-    return f"{i:032x}"
-
-
-def x(i, n=1024):
-    return torch.randn(n, generator=torch.Generator().manual_seed(i))
 
 
 def files(d):

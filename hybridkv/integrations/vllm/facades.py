@@ -6,6 +6,8 @@ The Scheduler reads ``coordinator.single_type_managers`` (``block_size``, ``kv_c
 ``block_pool.free_blocks`` / ``get_num_free_blocks``.  Each answer comes from the adapter's
 CacheManager (counts in vLLM block ids); none keeps state.
 """
+from collections.abc import Mapping
+
 from hybridkv.integrations.vllm.translate import cdiv
 
 
@@ -52,21 +54,47 @@ class UnusedMachinery:
         """No-op: hybridkv has no per-step state."""
 
 
-class GroupFacade:
-    """What the Scheduler reads of one of vLLM's single-type managers."""
+class RequestView(Mapping):
+    """request id -> one group's answer for each request that holds blocks (vLLM's
+    ``req_to_blocks`` / ``num_cached_block`` of a single-type manager), read from the adapter
+    on every access; ``answer(request_id, track)`` gives the value."""
 
-    def __init__(self, group_id, spec):
+    def __init__(self, manager, answer):
+        self.manager, self.answer = manager, answer
+
+    def __getitem__(self, request_id):
+        track = self.manager.tracked.get(request_id)
+        if track is None or not track.started:
+            raise KeyError(request_id)
+        return self.answer(request_id, track)
+
+    def __iter__(self):
+        return (rid for rid, t in list(self.manager.tracked.items()) if t.started)
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
+class GroupFacade:
+    """What the Scheduler (and vLLM's tests) read of one of vLLM's single-type managers:
+    the spec, the block size, each request's blocks and how many of them are cached."""
+
+    def __init__(self, manager, group_id, spec):
         self.kv_cache_group_id, self.kv_cache_spec = group_id, spec
         self.block_size = spec.block_size
         self.retains_longer_hit = False
         self.records_new_block_ids = False
+        self.req_to_blocks = RequestView(
+            manager, lambda rid, _: manager.get_blocks(rid).blocks[group_id])
+        self.num_cached_block = RequestView(
+            manager, lambda _, track: track.committed // self.block_size)
 
 
 class CoordinatorFacade:
     def __init__(self, manager):
         self.manager = manager
         self.single_type_managers = tuple(
-            GroupFacade(i, g.kv_cache_spec)
+            GroupFacade(manager, i, g.kv_cache_spec)
             for i, g in enumerate(manager.kv_cache_config.kv_cache_groups))
         self.enable_partial_hash_hits = False
         self.eagle_group_ids = ()

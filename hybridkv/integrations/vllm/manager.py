@@ -143,20 +143,20 @@ class KVCacheManager(UnusedMachinery):
         if not (num_new_tokens or num_external_computed_tokens or num_new_computed_tokens):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
-        if num_external_computed_tokens or num_encoder_tokens:
-            raise UnsupportedSpec("KV connector / encoder tokens",
-                                  (num_external_computed_tokens, num_encoder_tokens))
+        if num_encoder_tokens:
+            raise UnsupportedSpec("encoder tokens (cross-attention)", num_encoder_tokens)
         rid = request.request_id
-        computed = request.num_computed_tokens + num_new_computed_tokens
+        local = request.num_computed_tokens + num_new_computed_tokens
+        computed = min(local + num_external_computed_tokens, self.max_model_len)
         track = self.tracked.get(rid)
         if track is None or not track.started:
-            track = self._first(request, num_new_computed_tokens, computed)
+            track = self._first(request, num_new_computed_tokens, local)
         else:
             commit_known(self.cache, track, request, request.num_computed_tokens)
         regular = min(computed + num_new_tokens, request.num_tokens, self.max_model_len)
         slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         more = max(0, slots - track.allocated)
-        if full_sequence_must_fit and not self._fits(request, computed):
+        if full_sequence_must_fit and not self._fits(request, track):
             return None
         if (self.watermark_blocks or reserved_blocks) and self._short(
                 rid, more, reserved_blocks, request, has_scheduled_reqs):
@@ -194,8 +194,9 @@ class KVCacheManager(UnusedMachinery):
         track.allocated = track.committed = computed
         return track
 
-    def _fits(self, request, computed):
-        rest = max(0, min(request.num_tokens, self.max_model_len) - computed)
+    def _fits(self, request, track):
+        """The whole sequence fits beside what the request holds (vLLM's admission gate)."""
+        rest = max(0, min(request.num_tokens, self.max_model_len) - track.allocated)
         return self.ids_needed(request.request_id, rest) <= self.num_free_blocks()
 
     def _short(self, rid, more, reserved_blocks, request, has_scheduled_reqs):

@@ -335,16 +335,24 @@ class CacheManager:
 
     # -- 4. commit, drafts ----------------------------------------------------------------------
     @locked
-    def commit(self, request_id, num_tokens, token_ids=None):
+    def commit(self, request_id, num_tokens, token_ids=None, settled_tokens=None):
         """Positions [L, L + num_tokens) are computed (their ids in ``token_ids`` when they
         were generated): publish what became known, seal what is complete, capture a
-        snapshot when the commit ends on a checkpoint position."""
+        snapshot when the commit ends on a checkpoint position.  ``settled_tokens``: the
+        positions whose queries have run (default: every committed one); the windows slide
+        only past those (an engine that commits a step before it runs keeps what the step
+        reads).  Returns the captures' copies (SlotCopy, for a worker that moves the bytes)."""
         req = self._request(request_id)
         check_count("num_tokens", num_tokens)
         L = req.num_computed_tokens
         if req.phase == LOOKED or num_tokens > req.num_allocated_tokens - L:
             raise CommitPastAllocation("commit past allocation", (
                 num_tokens, req.num_allocated_tokens - L if req.phase != LOOKED else 0))
+        if settled_tokens is not None:
+            check_count("settled_tokens", settled_tokens)
+            if settled_tokens > L + num_tokens:
+                raise BadArgument("settled_tokens past the committed positions",
+                                  (settled_tokens, L + num_tokens))
         known = req.token_ids
         if token_ids is None:
             if len(known) < L + num_tokens:
@@ -362,10 +370,13 @@ class CacheManager:
                 if len(known) // self.layout.granule > len(req.chain_keys):
                     extend_chain(req.chain_keys, req.root_key, known, self.layout.granule)
         req.num_computed_tokens = L + num_tokens
+        req.num_settled_tokens = L + num_tokens if settled_tokens is None else settled_tokens
         if L + num_tokens >= req.next_event or \
                 (req.unpublished and req.unpublished[0][0] <= len(known)):
             self.writer.commit(req)
             self.writer.horizon(req)
+        copies, self.snapshots.copies = tuple(self.snapshots.copies), []
+        return copies
 
     def _drafts(self, request_id):
         req = self._request(request_id)
@@ -620,6 +631,24 @@ class CacheManager:
         if self.arena is not None:
             return dict.fromkeys(self.pools, self.arena.available(self.pools, self.evictor))
         return {pk: self.evictor.available(pk) for pk in self.pools}
+
+    @locked
+    def cached_block(self, kind, group, key, exact=False):
+        """The ObjRef of the block filed under chain ``key`` in pool (kind, group) (a chain
+        block, or with ``exact`` a snapshot), None when nothing is (reads only: e.g. a
+        CacheEvent's key, to name the block an engine reports by another hash)."""
+        self._pool(kind, group)
+        b = (self.index.exact_block if exact else self.index.chain_block)(kind, group, key)
+        return None if b is None else ObjRef(kind, group, b)
+
+    def slot(self, ref):
+        """The physical slot (arena page id) block ``ref`` (an ObjRef, e.g. a HitPlan read's)
+        holds now: the id a block table names it by."""
+        pool = self._pool(ref.kind, ref.group)
+        if isinstance(ref.block, bool) or not isinstance(ref.block, int) or \
+                not 0 <= ref.block < pool.n:
+            raise BadArgument("no such block", tuple(ref))
+        return pool.slot(ref.block)
 
     @locked
     def blocks_needed(self, request_id, num_new_tokens, num_draft_tokens=0):

@@ -82,6 +82,20 @@ class Allocation(NamedTuple):
     #                        for an engine whose worker moves the bytes (slots of tables())
 
 
+class SlotCopy(NamedTuple):
+    """One snapshot capture's copy, for an engine whose worker moves the bytes: rows
+    [row_start, row_end) (None: to the last row) of tensor ``tensor`` ("": every tensor) of
+    slot ``src`` into the same rows of slot ``dst`` (slots of pool (kind, group), as
+    ``tables()`` holds them)."""
+    kind: str
+    group: str
+    src: int
+    dst: int
+    row_start: int = 0
+    row_end: int = None
+    tensor: str = ""
+
+
 class CacheEvent(NamedTuple):
     """One change of what the cache holds, for an engine's KV events
     (``CacheManager(events=True)``, drained by ``take_events``): a block filed in the prefix
@@ -110,6 +124,9 @@ class Request:
     num_computed_tokens: int = 0    # committed: their state is in the request's objects
     num_allocated_tokens: int = 0
     num_draft_tokens: int = 0
+    num_settled_tokens: int = 0     # positions whose queries have run: windows slide past
+    #                                 those only (commit's settled_tokens; all committed ones
+    #                                 by default)
     reads: list = field(default_factory=list)      # Read: pinned shared objects it reads
     tables: dict = field(default_factory=dict)     # group -> GroupTables
     work: dict = field(default_factory=dict)       # group -> GroupWork

@@ -11,7 +11,7 @@ next end, the last one stays when the request is freed), and every ``every_n`` t
 A snapshot not read by its writer is a cache entry as soon as it is captured, except a
 provisional end, which stays protected until superseded or the request is freed.
 """
-from hybridkv.cache.request import Owned
+from hybridkv.cache.request import Owned, SlotCopy
 
 RETAINED = frozenset({"branch", "repeat", "every"})
 
@@ -21,6 +21,7 @@ class Snapshots:
         self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
         self.every_n = every_n
         self.captured_bytes = 0      # bytes copied into snapshots at capture
+        self.copies = []             # SlotCopy of the captures since the manager last took them
 
     # -- where ------------------------------------------------------------------------------
     def points(self, req, start, end):
@@ -67,23 +68,23 @@ class Snapshots:
         for o in req.snapshots[P]:
             pool = self.pools[(o.ref.kind, o.ref.group)]
             g = self.layout.group(o.ref.group)
-            work, b = req.work[g.name], o.ref.block
+            work, b, filed = req.work[g.name], o.ref.block, len(self.copies)
             if o.ref.kind == "swa":
                 self._window(pool, b, work, P, g.window)
             elif o.ref.kind == "tail":
-                self.captured_bytes += pool.copy(b, work.tail.ref.block)
+                self._copy(pool, b, work.tail.ref.block)
             elif o.ref.kind == "comp":
-                self.captured_bytes += pool.copy(b, req.blocks[("comp", g.name)][P // g.block_size])
+                self._copy(pool, b, req.blocks[("comp", g.name)][P // g.block_size])
             else:
-                self.captured_bytes += pool.copy_tensor(b, work.itail.ref.block, "tail")
+                self._copy(pool, b, work.itail.ref.block, "tail")
                 if P % g.block_size:
-                    self.captured_bytes += pool.copy_tensor(
-                        b, req.blocks[("idx", g.name)][P // g.block_size], "keys")
+                    self._copy(pool, b, req.blocks[("idx", g.name)][P // g.block_size], "keys")
             if pool.recs[b].pub:
                 pool.fire(b, "fill")
                 pool.fire(b, "seal")
             else:
                 self.evictor.drop(o.ref, "reject")    # its key is another copy's: never kept
+                del self.copies[filed:]               # nobody reads what it got
         req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
         req.sealed_points.append(P)
 
@@ -92,10 +93,19 @@ class Snapshots:
         lo_page, hi_page, cut = max(0, P - W) // W, (P - 1) // W, P % W
         page = lambda j: work.pages[j - work.first_page].ref.block     # noqa: E731
         if lo_page == hi_page:
-            self.captured_bytes += pool.copy(b, page(lo_page))
+            self._copy(pool, b, page(lo_page))
             return
-        self.captured_bytes += pool.copy_rows(b, page(hi_page), "kv", 0, cut)
-        self.captured_bytes += pool.copy_rows(b, page(lo_page), "kv", cut, W)
+        for src, lo, hi in ((page(hi_page), 0, cut), (page(lo_page), cut, W)):
+            self.captured_bytes += pool.copy_rows(b, src, "kv", lo, hi)
+            self.copies.append(SlotCopy(pool.kind, pool.group, pool.slot(src), pool.slot(b),
+                                        lo, hi, "kv"))
+
+    def _copy(self, pool, dst, src, tensor=""):
+        """Block src's rows into block dst (``tensor`` only, or every one), filed as slots."""
+        self.captured_bytes += pool.copy_tensor(dst, src, tensor) if tensor else \
+            pool.copy(dst, src)
+        self.copies.append(SlotCopy(pool.kind, pool.group, pool.slot(src), pool.slot(dst),
+                                    tensor=tensor))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def settle(self, req, P):

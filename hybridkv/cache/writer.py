@@ -292,7 +292,7 @@ class ObjectWriter:
                 snaps.settle(req, P)
             else:
                 snaps.reject(req, P)
-        self.slide(req, L)
+        self.slide(req, min(L, req.num_settled_tokens))
 
     def _seal_run(self, req, objs):
         """Seal a pool's completed chain blocks (one run per event): fill + seal + pin."""

@@ -152,21 +152,89 @@ def test_kv_events_follow_what_hybridkv_files_and_drops():
     assert kv.reset_prefix_cache() and kv.take_events() == [AllBlocksCleared()]
 
 
-def test_a_window_hit_hands_its_restore_to_the_worker():
-    kv = manager(64, full(), swa(32))
+def test_a_window_hit_hands_its_capture_and_restore_to_the_worker():
+    from dataclasses import replace
+    kv = KVCacheManager(replace(config(64, full(), swa(32)), prefix_cache_retention_interval=0),
+                        max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
     a = request("a", list(range(97)))
     for n in (96, 1):                            # a chunk ends at the window snapshot (96)
         assert kv.allocate_slots(a, n) is not None
         a.num_computed_tokens += n
+    captured, kept = kv.take_kv_cache_block_copies()
+    a_swa = kv.get_block_ids("a")[1]
+    assert captured and {c.src_block_id for c in captured} <= set(a_swa)    # a's window
+    assert not {c.dst_block_id for c in captured} & set(a_swa)            # -> its snapshot
     kv.free(a)
-    assert kv.take_kv_cache_block_copies() == ([], [])
     b = request("b", list(range(96)) + [7] * 20)
-    assert prefill(kv, b) == 96
-    copies, kept = kv.take_kv_cache_block_copies()
-    swa_ids = kv.get_block_ids("b")[1]
-    assert copies and {c.dst_block_id for c in copies} <= set(swa_ids)
-    assert not {c.src_block_id for c in copies} & set(swa_ids)
-    assert len(kept) == 2 * len(copies) and kv.take_kv_cache_block_copies() == ([], [])
+    blocks, hit, _ = kv.get_computed_blocks(b)
+    assert hit == 96
+    snapshot = {c.dst_block_id for c in captured}
+    in_window = [blk.block_id for blk in blocks.blocks[1] if not blk.is_null]
+    assert in_window and set(in_window) <= snapshot          # the hit reads the snapshot
+    assert kv.allocate_slots(b, 20, hit, blocks) is not None
+    assert kv.get_block_ids("b")[1][:6] == [blk.block_id for blk in blocks.blocks[1]]
+    restored, kept = kv.take_kv_cache_block_copies()
+    assert restored and {c.src_block_id for c in restored} <= snapshot
+    assert not {c.dst_block_id for c in restored} & snapshot
+    assert len(kept) == 2 * len(restored) and kv.take_kv_cache_block_copies() == ([], [])
+
+
+def test_a_chunk_wider_than_the_window_gets_real_blocks():
+    kv = manager(64, swa(16))
+    a = request("a", list(range(100)))
+    got = kv.allocate_slots(a, 64)               # positions 0..63 computed by this step
+    assert got is not None and 0 not in got.get_block_ids()[0]
+    a.num_computed_tokens = 64
+    assert kv.allocate_slots(a, 36) is not None   # the first chunk ran: its window slides
+    assert kv.get_block_ids("a")[0][:3] == [0, 0, 0]
+
+
+def test_an_in_flight_step_keeps_the_window_it_reads():
+    kv = manager(64, swa(16))
+    a = request("a", list(range(100)))
+    assert kv.allocate_slots(a, 100) is not None
+    a.num_computed_tokens, a.num_in_flight_tokens = 100, 100     # async: still running
+    a.append_output_token_ids(5)
+    assert kv.allocate_slots(a, 1) is not None
+    assert 0 not in kv.get_block_ids("a")[0]
+    a.num_in_flight_tokens = 1                                   # the prefill ran
+    kv.remove_skipped_blocks("a", 100)
+    assert kv.get_block_ids("a")[0][:5] == [0] * 5
+
+
+def test_external_tokens_get_slots_and_are_cached_once_loaded():
+    kv = manager(64, full())
+    a = request("a", list(range(80)))
+    got = kv.allocate_slots(a, 16, num_external_computed_tokens=64, delay_cache_blocks=True)
+    assert got is not None and len(got.get_block_ids()[0]) == 5      # 64 loaded + 16 new
+    assert kv.get_computed_blocks(request("b", list(range(80))))[1] == 0   # not landed yet
+    a.num_computed_tokens = 64
+    kv.cache_blocks(a, 64)                                          # the load landed
+    assert kv.get_computed_blocks(request("c", list(range(80))))[1] == 64
+
+
+def test_lookup_names_the_blocks_the_allocation_keeps():
+    kv = manager(64, full())
+    a = request("a", list(range(100)))
+    prefill(kv, a)
+    b = request("b", list(range(64)) + [9] * 10)
+    blocks, hit, _ = kv.get_computed_blocks(b)
+    assert hit == 64 and blocks.get_block_ids()[0] == kv.get_block_ids("a")[0][:4]
+    assert kv.allocate_slots(b, 10, hit, blocks) is not None
+    assert kv.get_block_ids("b")[0][:4] == blocks.get_block_ids()[0]
+    assert kv.coordinator.single_type_managers[0].req_to_blocks["b"] == \
+        kv.get_blocks("b").blocks[0]
+    assert "zzz" not in kv.coordinator.single_type_managers[0].req_to_blocks
+
+
+def test_a_cached_block_is_found_by_its_vllm_hash():
+    kv = manager(64, full())
+    a = request("a", list(range(48)))
+    prefill(kv, a)
+    pool = kv.coordinator.single_type_managers[0].block_pool
+    (blk,) = pool.get_cached_block(a.block_hashes[1], [0])
+    assert blk.block_id == kv.get_block_ids("a")[0][1]
+    assert pool.get_cached_block(request("x", [7] * 48).block_hashes[0], [0]) is None
 
 
 def test_eagle_drops_the_last_matched_block():

@@ -36,3 +36,32 @@ def vllm_id(page, sub=0, per_page=1):
     if page < 0 or not 0 <= sub < per_page:
         raise BadArgument("arena page outside vLLM's id space", (page, sub, per_page))
     return 1 + page * per_page + sub
+
+
+def group_ids(g, tables, per_page, hit, window_slot, start_block, end_block):
+    """vLLM ids of group ``g``'s logical blocks [start_block, end_block) of one request from
+    its hybridkv ``tables``: a full group's chain slots; a window group's pages (null once the
+    window slid past), the hit's positions [hit - W, hit) read in place from the hit's window
+    snapshot ``window_slot`` (pinned while the request lives: the ids its lookup named)."""
+    if g.kind == "full":
+        return [vllm_id(s, 0, per_page) for s in tables.comp[start_block:end_block]]
+    out, bs, W = [], g.block_size, g.window
+    for b in range(start_block, end_block):
+        p = b * bs
+        slot = tables.swa[p // W] if p // W < len(tables.swa) else -1
+        if slot >= 0 and p < hit and window_slot is not None:
+            slot = window_slot if p + bs > hit - W else -1
+        out.append(NULL_BLOCK_ID if slot < 0 else vllm_id(slot, p % W // bs, per_page))
+    return out
+
+
+def hit_ids(g, chain_slots, window_slot, hit, per_page):
+    """vLLM ids of a hit's blocks [0, hit) in group ``g`` before its first allocation: the
+    chain blocks it reads in place; for a window group null below the window, then the
+    window snapshot's blocks (what ``group_ids`` names them by afterwards)."""
+    bs = g.block_size
+    if g.kind == "full":
+        return [vllm_id(s, 0, per_page) for s in chain_slots[:hit // bs]]
+    return [vllm_id(window_slot, p % g.window // bs, per_page)
+            if p + bs > hit - g.window and window_slot is not None else NULL_BLOCK_ID
+            for p in range(0, hit - hit % bs, bs)]

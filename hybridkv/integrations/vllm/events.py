@@ -1,4 +1,4 @@
-"""hybridkv's cache feeds -> vLLM's KV events and worker copies (the one place they translate).
+"""hybridkv's cache event feed -> vLLM's KV events (the one place they translate).
 
 ``CacheManager(events=True)`` records a ``CacheEvent`` for every block filed in or taken out of
 its prefix index; the adapter drains them right after each call it makes for a vLLM request
@@ -17,11 +17,7 @@ LoRA and session fill vLLM's ``BlockStored`` without the adapter keeping any req
 
 A hybridkv chain block is one vLLM block (full attention); a window snapshot at ``at`` is
 reported as the window group's block ending at ``at`` (the state through it is cached).
-``Allocation.copies`` (a hit's window restore, per pool block) become vLLM's
-``KVCacheBlockCopy`` per vLLM block the page spans.
 """
-from hybridkv.integrations.vllm.block_ids import vllm_id
-from hybridkv.integrations.vllm.specs import window_blocks
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
                                          generate_lookahead_block_hash_extra_keys,
@@ -40,17 +36,29 @@ class VllmEvents:
     A block is reported under the request's ``block_hashes`` entry at its end (vLLM names a
     group block by its last ``hash_block_size`` boundary's hash), with the tokens, extra keys
     and lookahead tokens a consumer rebuilds that hash from; a block vLLM has no hash for yet
-    (its lookahead tokens not known) is not reported.  ``hashes`` is the translation table
-    (group, hybridkv key) -> the vLLM hash reported, so a removal names the same hash;
-    hybridkv's keys stay internal."""
+    (its lookahead tokens not known) is not reported.  The translation tables: ``hashes``
+    (group, hybridkv key) -> the vLLM hash reported, so a removal names the same hash, and
+    ``keys`` (group index, vLLM hash) -> (group, key, exact, at), so vLLM's hash names the
+    block cached under it (``cached``); hybridkv's keys stay internal.  Both are kept whether
+    or not the events are emitted (``emit``)."""
 
-    def __init__(self, kv_cache_config, hash_block_size, lookahead):
+    def __init__(self, kv_cache_config, hash_block_size, lookahead, emit):
         self.config, self.hash_block_size = kv_cache_config, hash_block_size
-        self.lookahead, self.hashes = lookahead, {}
+        self.lookahead, self.emit = lookahead, emit
+        self.hashes, self.keys = {}, {}
+
+    def clear(self):
+        self.hashes.clear()
+        self.keys.clear()
 
     def vllm_hash(self, request, at):
         i, hashes = at // self.hash_block_size - 1, request.block_hashes
         return maybe_convert_block_hash(hashes[i]) if 0 <= i < len(hashes) else None
+
+    def cached(self, block_hash, group_idx):
+        """(group, key, exact, at) of the block cached under vLLM hash ``block_hash`` in group
+        ``group_idx``, or None."""
+        return self.keys.get((group_idx, maybe_convert_block_hash(block_hash)))
 
     def __call__(self, cache_events, request):
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
@@ -61,18 +69,22 @@ class VllmEvents:
             if not e.stored:
                 h = self.hashes.pop((e.group, e.key), None)
                 if h is not None:
+                    self.keys.pop((i, h), None)
                     out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=i))
                 continue
             h = self.vllm_hash(request, e.at)
             if h is None:
                 continue
             self.hashes[(e.group, e.key)] = h
+            self.keys[(i, h)] = (e.group, e.key, e.exact, e.at)
             bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size
             if out and isinstance(out[-1], list) and out[-1][0] == i and \
                     out[-1][1][-1] == e.at - bs:
                 out[-1][1].append(e.at)
             else:
                 out.append([i, [e.at]])
+        if not self.emit:
+            return []
         return [self.stored(request, *e) if isinstance(e, list) else e for e in out]
 
     def extra_keys(self, request, start, end):
@@ -97,11 +109,3 @@ class VllmEvents:
             session_id=getattr(request, "session_id", None),
             lookahead_token_ids=[list(tokens[at:at + self.lookahead]) for at in ends]
             if self.lookahead else None)
-
-
-def vllm_copies(allocation, layout, per_page):
-    """(source id, destination id) per vLLM block of the Allocation's snapshot copies."""
-    groups = {g.name: g for g in layout.groups}
-    return [(vllm_id(src, j, per_page), vllm_id(dst, j, per_page))
-            for _, group, src, dst in allocation.copies
-            for j in range(window_blocks(groups[group]))]

@@ -1,13 +1,18 @@
-"""The internals vLLM's Scheduler reads off its KV cache manager, as thin facades over ours.
+"""The internals vLLM's Scheduler (and its connectors and tests) read off its KV cache
+manager, as thin facades over ours.
 
 ``UnusedMachinery`` holds the manager methods for vLLM machinery hybridkv does not use.
 The Scheduler reads ``coordinator.single_type_managers`` (``block_size``, ``kv_cache_spec``),
 ``coordinator.enable_partial_hash_hits``, ``coordinator.get_num_blocks_to_allocate(...)`` and
-``block_pool.free_blocks`` / ``get_num_free_blocks``.  Each answer comes from the adapter's
-CacheManager (counts in vLLM block ids); none keeps state.
+``block_pool.free_blocks`` / ``get_num_free_blocks``; the auxiliary-output connector a group's
+``block_pool.get_cached_block``; vLLM's tests a group's ``req_to_blocks`` /
+``num_cached_block`` / ``_null_block`` and the pool's ``free_block_queue.num_free_blocks`` /
+``blocks`` (``ref_cnt``: the requests holding each id).  Each answer comes from the adapter's
+CacheManager and its translation tables (counts in vLLM block ids); none keeps state.
 """
 from collections.abc import Mapping
 
+from hybridkv.integrations.vllm.block_ids import vllm_id
 from hybridkv.integrations.vllm.translate import cdiv
 
 
@@ -36,10 +41,6 @@ class UnusedMachinery:
 
     def record_blocks_for_zeroing(self, request_id, start_token):
         """No-op: no connector load writes into hybridkv's blocks."""
-
-    def remove_skipped_blocks(self, request_id, processed_computed_tokens,
-                              num_prompt_tokens=None):
-        """No-op: hybridkv releases window pages itself as commits slide the window."""
 
     def evict_blocks(self, block_ids):
         """No-op: the CacheManager has no public eviction by block (see the module README)."""
@@ -84,6 +85,8 @@ class GroupFacade:
         self.block_size = spec.block_size
         self.retains_longer_hit = False
         self.records_new_block_ids = False
+        self._null_block = manager.null_block
+        self.block_pool = manager.block_pool
         self.req_to_blocks = RequestView(
             manager, lambda rid, _: manager.get_blocks(rid).blocks[group_id])
         self.num_cached_block = RequestView(
@@ -112,6 +115,43 @@ class CoordinatorFacade:
             return sum(cdiv(num_tokens, g.block_size) for g in m.layout.groups)
         return m.ids_needed(request_id, max(0, num_tokens - max(track.allocated, track.hit)))
 
+    def sequence_fits(self, request, track):
+        """vLLM's ``full_sequence_must_fit`` gate: the whole sequence fits beside what the
+        request holds, a window group counting at most the blocks vLLM's spec caps it at (its
+        window recycles blocks during a chunked prefill)."""
+        m = self.manager
+        rest = max(0, min(request.num_tokens, m.max_model_len) - track.allocated)
+        need, total = m.cache.blocks_needed(request.request_id, rest), 0
+        for g, group in zip(m.layout.groups, m.kv_cache_config.kv_cache_groups):
+            ids = need.get(("swa" if g.kind == "swa" else "comp", g.name), 0) * m.per_page
+            if g.kind == "swa":
+                ids = min(ids, group.kv_cache_spec.max_admission_blocks_per_request(
+                    max_in_flight_tokens=m.unused.max_in_flight_tokens or m.max_model_len,
+                    max_model_len=m.max_model_len))
+            total += ids
+        return total <= m.num_free_blocks()
+
+    def short(self, request, more, reserved_blocks, has_scheduled_reqs):
+        """vLLM's watermark and reserved blocks, in vLLM ids, on top of hybridkv's admission:
+        True when ``more`` positions would eat into them."""
+        from vllm.v1.request import RequestStatus
+        m = self.manager
+        watermark = m.watermark_blocks if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
+        return m.ids_needed(request.request_id, more) + watermark > \
+            m.num_free_blocks() - reserved_blocks
+
+
+class FreeQueueFacade:
+    """vLLM's free block queue, as far as it is read: its length."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    @property
+    def num_free_blocks(self):
+        return self.manager.num_free_blocks()
+
 
 class BlockPoolFacade:
     def __init__(self, manager):
@@ -119,12 +159,44 @@ class BlockPoolFacade:
         self.num_gpu_blocks = manager.kv_cache_config.num_blocks
         self.hash_block_size = manager.hash_block_size
         self.null_block = manager.null_block
+        self.free_block_queue = FreeQueueFacade(manager)
 
     def get_num_free_blocks(self):
         return self.manager.num_free_blocks()
 
     def get_usage(self):
         return self.manager.usage
+
+    @property
+    def blocks(self):
+        """A fresh KVCacheBlock per vLLM id (the null block first), ``ref_cnt`` the number of
+        the adapter's requests whose block tables hold it now."""
+        from vllm.v1.core.kv_cache_utils import KVCacheBlock
+        held = {}
+        for rid, track in list(self.manager.tracked.items()):
+            if track.started:
+                for i in {i for ids in self.manager.get_block_ids(rid) for i in ids}:
+                    held[i] = held.get(i, 0) + 1
+        return [self.null_block] + [KVCacheBlock(i, ref_cnt=held.get(i, 0))
+                                    for i in range(1, self.num_gpu_blocks)]
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        """The block cached under vLLM hash ``block_hash`` in each group, None unless every
+        group has one (hybridkv's index, through the events' hash table)."""
+        out = [self._cached(block_hash, i) for i in kv_cache_group_ids]
+        return None if None in out else out
+
+    def _cached(self, block_hash, group_idx):
+        """A window snapshot is named by its block ending at the snapshot's position."""
+        m = self.manager
+        found = m.feed.cached(block_hash, group_idx)
+        ref = None if found is None else m.cache.cached_block(
+            "swa" if found[2] else "comp", found[0], found[1], found[2])
+        if ref is None:
+            return None
+        g = m.layout.groups[group_idx]
+        sub = (found[3] - 1) % g.window // g.block_size if found[2] else 0
+        return m.blocks.block(vllm_id(m.cache.slot(ref), sub, m.per_page))
 
     def free_blocks(self, blocks):
         """No-op: ``pop_blocks_for_free`` hands out no blocks (hybridkv frees at free)."""

@@ -2,18 +2,20 @@
 
 Every decision (the resume point, admission, eviction, what is published) is the CacheManager's;
 this class translates vLLM's calls and types onto its public API and keeps only translation
-state: per request the positions it handed to hybridkv (``Tracked``), and one ``KVCacheBlock``
-object per vLLM block id.
+state: per request the vLLM request and the positions it handed to hybridkv (``Tracked``),
+vLLM's block objects (blocks.py), the step's worker copies (copies.py), the hash tables of the
+KV events (events.py).
 
   vLLM                                    hybridkv
   get_computed_blocks(request)            lookup(request_id, prompt[:limit], salt)   (H; with
-                                          EAGLE again below H - one block, as vLLM drops it)
-  allocate_slots(request, n, ...)         allocate(rid, n + lookahead) (AdmissionRefused ->
-                                          None, nothing changed), then commit(rid, k, ids) up
-                                          to the tokens known (request.num_tokens)
-  cache_blocks(request, n) / free         commit(rid, k, ids) up to n / free(rid)
+                                          EAGLE again below H - one block, as vLLM drops it);
+                                          the blocks its first allocation keeps
+  allocate_slots(request, n, ..., ext)    allocate(rid, ext + n + lookahead) (AdmissionRefused
+                                          -> None, nothing changed), then commits (commits.py)
+  cache_blocks / remove_skipped_blocks    commits up to the computed tokens / the window slides
+  free                                    the computed tokens committed, free(rid)
   block ids                               tables(rid) slots (arena page ids) -> vllm_id
-  take_events / take_kv_cache_block_copies  take_events() / Allocation.copies (events.py)
+  take_events / take_kv_cache_block_copies  take_events() / commit's and Allocation's copies
 Positions past ``request.num_tokens`` (speculative tokens, lookahead) are allocated and never
 committed before their token ids are known: nothing unverified is published, and the ids vLLM's
 append-only block table holds stay valid (no hybridkv draft block to release on rejection).  A
@@ -21,16 +23,19 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 """
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
-from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
-from hybridkv.integrations.vllm.events import VllmEvents, vllm_copies
+from hybridkv.integrations.vllm.block_ids import ids_per_page, num_pages
+from hybridkv.integrations.vllm.blocks import VllmBlocks
+from hybridkv.integrations.vllm.commits import Commits
+from hybridkv.integrations.vllm.copies import WorkerCopies
+from hybridkv.integrations.vllm.events import VllmEvents
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
-                                                  commit_known, salt_of, token_ids)
+                                                  salt_of, token_ids)
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 
@@ -49,30 +54,32 @@ class KVCacheManager(UnusedMachinery):
         self.scheduler_block_size, self.hash_block_size = scheduler_block_size, hash_block_size
         self.enable_caching, self.enable_kv_cache_events = enable_caching, enable_kv_cache_events
         self.log_stats, self.use_eagle = log_stats, use_eagle
-        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens)
+        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens,
+                               enable_kv_cache_events)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
+        self.every_n = every_n(kv_cache_config, self.layout, scheduler_block_size)
         self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
         self.num_pages = num_pages(self.layout, kv_cache_config.num_blocks)
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.layout.groups))
-        self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
-        self.block_objects = {NULL_BLOCK_ID: self.null_block}   # vLLM id -> its KVCacheBlock
+        self.blocks = VllmBlocks(self.layout, self.per_page)    # vLLM's block objects
+        self.empty_kv_cache_blocks, self.null_block = self.blocks.empty, self.blocks.null_block
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
-        self.copies = []                                        # (src, dst) ids to take
-        self.coordinator = CoordinatorFacade(self)
+        self.copies = WorkerCopies(self.layout, self.per_page)  # this step's worker copies
+        self.commits = Commits(self.copies)
         self.block_pool = BlockPoolFacade(self)
+        self.coordinator = CoordinatorFacade(self)
 
     def _new_cache(self):
         return CacheManager(self.layout, num_pages=self.num_pages, device="meta",
-                            every_n=every_n(self.kv_cache_config, self.layout),
-                            events=self.enable_kv_cache_events)
+                            every_n=self.every_n, events=True)
 
     def _drain(self, request):
-        """vLLM's events for what the last calls for ``request`` filed / dropped."""
+        """vLLM's events for what the last calls for ``request`` filed / dropped (the hash
+        table is kept either way: ``cached_block`` answers from it)."""
         self.events += self.feed(self.cache.take_events(), request)
 
     # -- capacity and stats --------------------------------------------------------------------
@@ -108,29 +115,32 @@ class KVCacheManager(UnusedMachinery):
     # -- lookup --------------------------------------------------------------------------------
     def get_computed_blocks(self, request, max_cache_hit_length=None):
         """hybridkv's resume point H for the request's prompt (at most ``num_tokens - 1``:
-        the last token is computed for its logits): (blocks, H, 0).  The blocks are
-        placeholders (null ids), one per block below H: hybridkv's slots exist only once the
-        first allocation pins the plan; ``get_blocks`` then names them."""
+        the last token is computed for its logits): (blocks, H, 0).  The blocks are the ones
+        the first allocation keeps: the chain blocks read in place, a window group's hit
+        window read in place from its snapshot (null below)."""
+        self.commits.catch_up(self.cache)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         limit = request.num_tokens - 1 if max_cache_hit_length is None else \
             min(max_cache_hit_length, request.num_tokens - 1)
-        hit = self._look(request, limit, salt_of(request)) if limit > 0 else 0
-        if hit and self.use_eagle:         # vLLM's EAGLE drops a hit's last matched block
-            hit = self._look(request, hit - self.scheduler_block_size, salt_of(request))
-        if not hit:
+        plan = self._look(request, limit, salt_of(request)) if limit > 0 else None
+        if plan is not None and plan.reuse_tokens and self.use_eagle:
+            # vLLM's EAGLE drops a hit's last matched block
+            plan = self._look(request, plan.reuse_tokens - self.scheduler_block_size,
+                              salt_of(request))
+        if plan is None or not plan.reuse_tokens:
             return self.empty_kv_cache_blocks, 0, 0
-        return self._placeholders(hit), hit, 0
+        return self.blocks.of_hit(self.cache, plan, self.tracked[request.request_id].windows), \
+            plan.reuse_tokens, 0
 
     def _look(self, request, limit, salt):
-        """hybridkv's resume point <= ``limit`` (it looks up limit + 1 tokens: one to compute)."""
+        """hybridkv's plan resuming at most at ``limit`` (it looks up limit + 1 tokens: one to
+        compute); the request is tracked with the plan's window snapshots."""
         plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1), salt)
-        self.tracked[request.request_id] = Tracked(hit=plan.reuse_tokens)
-        return plan.reuse_tokens
-
-    def _placeholders(self, num_tokens):
-        return KVCacheBlocks(tuple([self.null_block] * (num_tokens // g.block_size)
-                                   for g in self.layout.groups))
+        self.tracked[request.request_id] = Tracked(request, plan.reuse_tokens, windows={
+            r.ref.group: self.cache.slot(r.ref) for r in plan.reads
+            if r.exact and r.ref.kind == "swa"})
+        return plan
 
     # -- allocation ----------------------------------------------------------------------------
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
@@ -138,8 +148,9 @@ class KVCacheManager(UnusedMachinery):
                        num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False, reserved_blocks=0,
                        has_scheduled_reqs=True, skip_zeroing_group_ids=()):
-        """Slots for ``num_new_tokens`` (+ lookahead) more tokens: the new blocks per group,
-        or None with nothing changed when hybridkv's admission refuses."""
+        """Slots for ``num_new_tokens`` (+ lookahead) more tokens after the local hit and
+        the connector's external tokens: the new blocks per group, or None with nothing
+        changed when hybridkv's admission refuses."""
         if not (num_new_tokens or num_external_computed_tokens or num_new_computed_tokens):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
@@ -152,14 +163,15 @@ class KVCacheManager(UnusedMachinery):
         if track is None or not track.started:
             track = self._first(request, num_new_computed_tokens, local)
         else:
-            commit_known(self.cache, track, request, request.num_computed_tokens)
+            track.target = max(track.target, request.num_computed_tokens)
+            self.commits.advance(self.cache, track)
         regular = min(computed + num_new_tokens, request.num_tokens, self.max_model_len)
         slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         more = max(0, slots - track.allocated)
-        if full_sequence_must_fit and not self._fits(request, track):
+        if full_sequence_must_fit and not self.coordinator.sequence_fits(request, track):
             return None
-        if (self.watermark_blocks or reserved_blocks) and self._short(
-                rid, more, reserved_blocks, request, has_scheduled_reqs):
+        if (self.watermark_blocks or reserved_blocks) and self.coordinator.short(
+                request, more, reserved_blocks, has_scheduled_reqs):
             return None
         try:
             got = self.cache.allocate(rid, more)
@@ -167,9 +179,11 @@ class KVCacheManager(UnusedMachinery):
             self._drain(request)
             return None
         old, track.started, track.allocated = track.allocated, True, got.end
-        self.copies += vllm_copies(got, self.layout, self.per_page)
+        self.copies.restored(got)
+        self.commits.add_points(track, got.checkpoints, self.layout)
         if not delay_cache_blocks:
-            commit_known(self.cache, track, request, regular)
+            track.target = max(track.target, regular)
+        self.commits.advance(self.cache, track)
         self._drain(request)
         return self._blocks(rid, old, track.allocated)
 
@@ -183,54 +197,22 @@ class KVCacheManager(UnusedMachinery):
                 raise HitMismatch("a first allocation of a request with computed tokens",
                                   (rid, request.num_computed_tokens))
             if computed:
-                hit = self._look(request, computed, salt_of(request))
+                hit = self._look(request, computed, salt_of(request)).reuse_tokens
             else:                  # one token: a resume point of 0 (granule > 1)
                 salt = salt_of(request) if self.prefix_cache_lookup_enabled(request) else \
                     b"nocache:" + str(rid).encode()
-                hit = self._look(request, 0, salt)
+                hit = self._look(request, 0, salt).reuse_tokens
             if hit != computed:
                 raise HitMismatch("hybridkv cannot resume where vLLM asks", (rid, hit, computed))
             track = self.tracked[rid]
-        track.allocated = track.committed = computed
+        track.request = request
+        track.allocated = track.committed = track.target = track.settled = computed
         return track
 
-    def _fits(self, request, track):
-        """The whole sequence fits beside what the request holds (vLLM's admission gate)."""
-        rest = max(0, min(request.num_tokens, self.max_model_len) - track.allocated)
-        return self.ids_needed(request.request_id, rest) <= self.num_free_blocks()
-
-    def _short(self, rid, more, reserved_blocks, request, has_scheduled_reqs):
-        """vLLM's watermark and reserved blocks, in vLLM ids, on top of hybridkv's admission."""
-        from vllm.v1.request import RequestStatus
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in (
-            RequestStatus.WAITING, RequestStatus.PREEMPTED) else 0
-        return self.ids_needed(rid, more) + watermark > self.num_free_blocks() - reserved_blocks
-
     # -- block ids -----------------------------------------------------------------------------
-    def _block(self, block_id):
-        blk = self.block_objects.get(block_id)
-        if blk is None:
-            blk = self.block_objects[block_id] = KVCacheBlock(block_id)
-        return blk
-
-    def _group_ids(self, tables, g, start_block, end_block):
-        """vLLM ids of group g's logical blocks [start_block, end_block) of one request."""
-        t, bs = tables[g.name], g.block_size
-        if g.kind == "full":
-            return [vllm_id(s, 0, self.per_page) for s in t.comp[start_block:end_block]]
-        out, W = [], g.window
-        for b in range(start_block, end_block):
-            p = b * bs
-            slot = t.swa[p // W] if p // W < len(t.swa) else -1
-            out.append(NULL_BLOCK_ID if slot < 0 else vllm_id(slot, p % W // bs, self.per_page))
-        return out
-
     def _blocks(self, rid, start_tokens, end_tokens):
-        tables = self.cache.tables(rid)
-        groups = tuple([self._block(i) for i in self._group_ids(
-            tables, g, cdiv(start_tokens, g.block_size), cdiv(end_tokens, g.block_size))]
-            for g in self.layout.groups)
-        return KVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
+        return self.blocks.of_request(self.cache.tables(rid), self.tracked[rid], start_tokens,
+                                      end_tokens)
 
     def get_blocks(self, request_id):
         """Every block of the request per group (null below a sliding window)."""
@@ -257,20 +239,35 @@ class KVCacheManager(UnusedMachinery):
 
     # -- commit and release --------------------------------------------------------------------
     def cache_blocks(self, request, num_computed_tokens):
-        """Positions up to ``num_computed_tokens`` are computed: commit them to hybridkv."""
+        """Positions up to ``num_computed_tokens`` are computed (an async KV load landed):
+        commit them to hybridkv (commits.py)."""
         track = self.tracked.get(request.request_id)
         if track is not None and track.started:
-            commit_known(self.cache, track, request, num_computed_tokens)
+            track.request, track.target = request, max(track.target, num_computed_tokens)
+            self.commits.advance(self.cache, track)
             self._drain(request)
 
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens,
+                              num_prompt_tokens=None):
+        """Positions below ``processed_computed_tokens`` are processed: hybridkv's windows
+        slide past what no later query reads (their blocks turn null)."""
+        track = self.tracked.get(request_id)
+        if track is not None and track.started:
+            self.commits.advance(self.cache, track, settled=processed_computed_tokens)
+            self._drain(track.request)
+
     def free(self, request):
-        """Release the request: its known computed tokens committed, all it holds given
-        back; what it published stays cached."""
+        """Release the request: its computed tokens committed (the last checkpoints captured:
+        their copies run before the next step, after every step scheduled so far), all it
+        holds given back; what it published stays cached."""
         track = self.tracked.pop(request.request_id, None)
+        self.commits.forget(request.request_id)
         if track is None:
             return
         if track.started:
-            commit_known(self.cache, track, request, request.num_computed_tokens)
+            track.request = request
+            track.target = max(track.target, request.num_computed_tokens)
+            self.commits.advance(self.cache, track)
         self.cache.free(request.request_id)
         self._drain(request)
 
@@ -280,7 +277,9 @@ class KVCacheManager(UnusedMachinery):
         if any(t.started for t in self.tracked.values()):
             return False
         self.tracked.clear()
-        self.cache, self.feed.hashes = self._new_cache(), {}
+        self.commits.clear()
+        self.cache = self._new_cache()
+        self.feed.clear()
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         if self.log_stats:
@@ -294,8 +293,8 @@ class KVCacheManager(UnusedMachinery):
         return events
 
     def take_kv_cache_block_copies(self):
-        """The window restores of this step's hits for vLLM's worker (source -> destination
-        vLLM block), with the blocks they keep."""
-        copies, self.copies = self.copies, []
+        """This step's window copies for vLLM's worker (captures of checkpoints, restores of
+        hits: copies.py), with the blocks they keep."""
+        copies = self.copies.take()
         return ([KVCacheBlockCopy(s, d) for s, d in copies],
-                [self._block(i) for pair in copies for i in pair])
+                [self.blocks.block(i) for pair in copies for i in pair])

@@ -7,15 +7,20 @@ One vLLM ``KVCacheGroupSpec`` becomes one hybridkv ``LayerGroup`` named ``g<i>``
   SlidingWindowSpec   -> ``swa``: window pages of W' = sliding_window rounded up to a multiple
                          of block_size (a page is W'/block_size vLLM blocks; keeping W' >= W
                          rows is a superset of what the window reads)
+  ChunkedLocalAttentionSpec -> ``swa`` with W' = the chunk size rounded up: a query reads its
+                         own chunk so far, fewer than W' positions before it (a superset again:
+                         hybridkv keeps the last W' positions where vLLM keeps the chunk)
 
 The layout's pools are metadata only (vLLM owns the KV tensors): one layer and head_dim 1 per
-group.  Any other spec (Mamba, cross-attention, encoder-only, chunked local attention, MLA with
-compressed states, ...) raises UnsupportedSpec naming it: never a silent fallback.
+group.  Any other spec (Mamba, cross-attention, encoder-only, MLA with compressed states,
+...) raises UnsupportedSpec naming it: never a silent fallback.
 """
 from hybridkv.errors import LayoutError
 from hybridkv.layout import LayerGroup, ModelLayout
 
-SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec")
+SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+WINDOWED = {"SlidingWindowSpec": "sliding_window",             # spec -> its window field
+            "ChunkedLocalAttentionSpec": "attention_chunk_size"}
 RETAINED = ("SlidingWindowSpec", "MambaSpec")        # the specs vLLM's retention applies to
 
 
@@ -30,13 +35,13 @@ def _ceil(a, b):
 def group_of(i, spec):
     """The LayerGroup of vLLM group ``i`` with ``spec``; UnsupportedSpec when it has none."""
     name = type(spec).__name__
-    if name not in SUPPORTED or getattr(spec, "attention_chunk_size", None):
+    if name not in SUPPORTED:
         raise UnsupportedSpec("hybridkv cannot manage this vLLM KV cache spec",
                               {"group": i, "spec": name, "value": repr(spec)[:200]})
     bs = spec.block_size
-    if name == "SlidingWindowSpec":
-        return LayerGroup(f"g{i}", "swa", (i,), bs, _ceil(spec.sliding_window, bs) * bs,
-                          head_dim=1)
+    if name in WINDOWED:
+        window = getattr(spec, WINDOWED[name])
+        return LayerGroup(f"g{i}", "swa", (i,), bs, _ceil(window, bs) * bs, head_dim=1)
     return LayerGroup(f"g{i}", "full", (i,), bs, 0, head_dim=1)
 
 
@@ -49,16 +54,24 @@ def layout_from_vllm(kv_cache_config):
                        name="vllm")
 
 
-def every_n(kv_cache_config, layout):
-    """hybridkv's retention interval for vLLM's ``prefix_cache_retention_interval`` (rounded
-    up to the hash granule; 0 stays 0).  A positive one on a config with no sliding-window or
-    Mamba group is refused with ValueError, as vLLM refuses it (it would have no effect)."""
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", 0) or 0
-    if interval and not any(c.__name__ in RETAINED for g in kv_cache_config.kv_cache_groups
-                            for c in type(g.kv_cache_spec).__mro__):
+def every_n(kv_cache_config, layout, scheduler_block_size):
+    """hybridkv's retention interval for vLLM's ``prefix_cache_retention_interval`` (a
+    snapshot every that many tokens): ``None`` (dense: vLLM keeps every window block) is every
+    hash granule, 0 stays 0 (the semantic points only), a positive one as given.  Refused with
+    ValueError as vLLM refuses it: positive on a config with no sliding-window or Mamba group
+    (it would have no effect), negative or not a multiple of the scheduler block size."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
+    retained = any(c.__name__ in RETAINED for g in kv_cache_config.kv_cache_groups
+                   for c in type(g.kv_cache_spec).__mro__)
+    if interval is None:
+        return layout.granule if any(g.kind == "swa" for g in layout.groups) else 0
+    if interval and not retained:
         raise ValueError(f"prefix_cache_retention_interval ({interval}) is set but the model "
                          "has no sliding-window or Mamba KV cache group: retention has no "
                          "effect (set it to 0)")
+    if interval < 0 or interval % scheduler_block_size:
+        raise ValueError(f"prefix_cache_retention_interval ({interval}) must be non-negative "
+                         f"and a multiple of scheduler_block_size ({scheduler_block_size})")
     return _ceil(interval, layout.granule) * layout.granule
 
 

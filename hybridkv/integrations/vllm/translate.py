@@ -1,10 +1,11 @@
 """Translation state and rules between a vLLM ``Request`` and a hybridkv request.
 
-``Tracked`` is the whole per-request state the adapter keeps (positions it handed to hybridkv);
-``salt_of`` is the one place a vLLM request's cache isolation (cache_salt, LoRA, multimodal
-inputs) becomes hybridkv's tenant salt; ``commit_known`` the one place commits happen.
+``Tracked`` is the whole per-request state the adapter keeps (the vLLM request, positions it
+handed to hybridkv, the checkpoints still ahead, the hit's window snapshots); ``salt_of`` is
+the one place a vLLM request's cache isolation (cache_salt, LoRA, multimodal inputs) becomes
+hybridkv's tenant salt.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridkv.errors import BadArgument
 
@@ -16,10 +17,15 @@ class HitMismatch(BadArgument):
 
 @dataclass
 class Tracked:
+    request: object           # the vLLM Request (its computed and in-flight token counts)
     hit: int                  # hybridkv's resume point H from the last lookup
     started: bool = False     # the first allocation pinned the plan
     allocated: int = 0        # positions with slots in hybridkv (regular + lookahead)
     committed: int = 0        # positions committed to hybridkv (their token ids known)
+    target: int = 0           # positions vLLM counts as cached: commits follow up to here
+    settled: int = 0          # the settled basis hybridkv's windows last slid to
+    points: list = field(default_factory=list)    # checkpoints ahead with snapshots, sorted
+    windows: dict = field(default_factory=dict)   # group -> slot of the hit's window snapshot
 
 
 @dataclass
@@ -53,14 +59,3 @@ def salt_of(request):
                for f in getattr(request, "mm_features", None) or ())
     parts = (getattr(request, "cache_salt", None), getattr(lora, "lora_name", None), mm)
     return b"" if parts == (None, None, ()) else repr(parts).encode()
-
-
-def commit_known(cache, track, request, upto):
-    """Commit positions up to ``upto`` to hybridkv, never past the tokens vLLM knows
-    (``request.num_tokens``: speculative tokens are not known until accepted) nor past the
-    allocation."""
-    end = min(upto, request.num_tokens, track.allocated)
-    if end > track.committed:
-        cache.commit(request.request_id, end - track.committed,
-                     token_ids(request, track.committed, end))
-        track.committed = end

@@ -1,0 +1,41 @@
+"""vLLM's block objects for hybridkv's slots: one ``KVCacheBlock`` per vLLM id (vLLM compares
+blocks by identity and keeps them across steps) and the ``KVCacheBlocks`` of a request or of a
+hit, built from hybridkv's block tables and HitPlan through ``block_ids`` (the id rules)."""
+from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, group_ids, hit_ids
+from hybridkv.integrations.vllm.translate import cdiv
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+
+class VllmBlocks:
+    def __init__(self, layout, per_page):
+        self.layout, self.per_page = layout, per_page
+        self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
+        self.objects = {NULL_BLOCK_ID: self.null_block}      # vLLM id -> its KVCacheBlock
+        self.empty = KVCacheBlocks(tuple(() for _ in layout.groups))
+
+    def block(self, block_id):
+        blk = self.objects.get(block_id)
+        if blk is None:
+            blk = self.objects[block_id] = KVCacheBlock(block_id)
+        return blk
+
+    def wrap(self, ids_per_group):
+        groups = tuple([self.block(i) for i in ids] for ids in ids_per_group)
+        return KVCacheBlocks(groups) if any(groups) else self.empty
+
+    def of_request(self, tables, track, start_tokens, end_tokens):
+        """A request's blocks covering positions [start_tokens, end_tokens) per group."""
+        return self.wrap(group_ids(g, tables[g.name], self.per_page, track.hit,
+                                   track.windows.get(g.name), cdiv(start_tokens, g.block_size),
+                                   cdiv(end_tokens, g.block_size))
+                         for g in self.layout.groups)
+
+    def of_hit(self, cache, plan, windows):
+        """The blocks of a hit at ``plan.reuse_tokens``: what its first allocation keeps."""
+        chains = {g.name: [] for g in self.layout.groups}
+        for r in plan.reads:
+            if not r.exact and r.ref.kind == "comp":
+                chains[r.ref.group].append(cache.slot(r.ref))
+        return self.wrap(hit_ids(g, chains[g.name], windows.get(g.name), plan.reuse_tokens,
+                                 self.per_page) for g in self.layout.groups)

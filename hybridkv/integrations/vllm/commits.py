@@ -1,0 +1,90 @@
+"""When the adapter commits to hybridkv: vLLM's computed tokens -> ``CacheManager.commit`` calls.
+
+vLLM caches a step's blocks when it allocates them, before the step runs; hybridkv seals and
+publishes what a commit covers, and captures a snapshot when a commit ends exactly on one of
+the allocation's checkpoints.  Per request (``Tracked``):
+
+  target       commits follow the positions vLLM counts as cached (allocate_slots: computed +
+               new, capped at the known tokens; cache_blocks; free: the computed ones), never
+               past the allocation nor the known token ids (speculative tokens wait)
+  checkpoints  a commit is split at every checkpoint that has snapshots (each is captured);
+               one past the positions scheduled in earlier steps (``num_computed_tokens``, or
+               the hit) is not captured yet: its copy runs before this step's forward and would
+               read rows the step has not written.  The commit stops just before it and goes
+               on at the next call; ``catch_up`` (each lookup) moves such requests on
+  settled      windows slide only past positions whose queries have run
+               (``num_computed_tokens - num_in_flight_tokens``): an in-flight step still reads
+               the window below the optimistic count
+"""
+from hybridkv.integrations.vllm.translate import token_ids
+
+
+def capturable(track):
+    """Positions computed by steps scheduled before the current one (or hit)."""
+    return max(track.hit, track.request.num_computed_tokens)
+
+
+def settled_basis(track):
+    """Positions whose queries have run (the hit's are cached)."""
+    request = track.request
+    return max(track.hit, request.num_computed_tokens -
+               getattr(request, "num_in_flight_tokens", 0))
+
+
+class Commits:
+    """Moves each tracked request's hybridkv commits along (``advance``); owns the set of
+    requests whose commit stopped before a checkpoint not capturable yet."""
+
+    def __init__(self, copies):
+        self.copies = copies              # WorkerCopies: the captures' copies go there
+        self.deferred = {}                # request id -> Tracked stopped before a checkpoint
+
+    def add_points(self, track, checkpoints, layout):
+        """An allocation's checkpoints that have snapshots join the request's."""
+        new = [P for P in checkpoints if layout.exact_kinds(P) and P > track.committed]
+        if new:
+            track.points = sorted(set(track.points).union(new))
+
+    def advance(self, cache, track, settled=None):
+        """Commit toward the target as far as the rules allow; slide the windows to the
+        settled basis (``settled``, or the request's)."""
+        request, points = track.request, track.points
+        end = min(track.target, request.num_tokens, track.allocated)
+        bound = capturable(track)
+        basis = settled_basis(track) if settled is None else settled
+        while track.committed < end:
+            while points and points[0] <= track.committed:
+                points.pop(0)
+            stop = end
+            if points and points[0] <= end:
+                stop = points[0] if points[0] <= bound else points[0] - 1
+            if stop > track.committed:
+                self._commit(cache, track, stop, basis)
+            if not points or stop != points[0]:
+                break
+        slide = min(basis, track.committed)
+        if slide > track.settled:
+            cache.commit(request.request_id, 0, None, slide)
+            track.settled = slide
+        if track.committed < end:
+            self.deferred[request.request_id] = track
+        else:
+            self.deferred.pop(request.request_id, None)
+
+    def _commit(self, cache, track, stop, basis):
+        start, rid = track.committed, track.request.request_id
+        slide = min(basis, stop)
+        self.copies.captured(cache.commit(rid, stop - start,
+                                          token_ids(track.request, start, stop), slide))
+        track.committed, track.settled = stop, max(track.settled, slide)
+
+    def catch_up(self, cache):
+        """Requests stopped before a checkpoint go on where they now may."""
+        for track in list(self.deferred.values()):
+            self.advance(cache, track)
+
+    def forget(self, request_id):
+        self.deferred.pop(request_id, None)
+
+    def clear(self):
+        self.deferred.clear()

@@ -35,7 +35,7 @@ class Admission:
         self.reserved += total
         try:
             if self.arena is not None:
-                self.arena.make_room(total, self.pools, self.evictor)
+                self.arena.make_room(self.arena.pages(need), self.pools, self.evictor)
             for pk, k in need.items():
                 self.evictor.make_room(pk, k)     # arena mode: the pool already has k free
         finally:
@@ -51,7 +51,7 @@ class Admission:
             if self.evictor.takeable(r.ref):
                 held[pk] = held.get(pk, 0) + 1
         total = sum(need.values())
-        short, too_large = self._short_pages(total, held) if self.arena is not None \
+        short, too_large = self._short_pages(need, held) if self.arena is not None \
             else self._short_blocks(need, held)
         n = self.in_transit()
         if not can_admit_objects(n, total, self.cap):
@@ -74,10 +74,11 @@ class Admission:
                 too_large[f"{pk[0]}/{pk[1]}"] = (k, self.pools[pk].n)
         return short, too_large
 
-    def _short_pages(self, total, held):
-        """Arena mode: every pool's blocks together against the arena's free pages plus every
-        pool's takeable cached blocks."""
-        avail = self.arena.available(self.pools, self.evictor) - sum(held.values())
+    def _short_pages(self, need, held):
+        """Arena mode: every pool's blocks together (in pages) against the arena's free pages
+        plus every pool's takeable cached blocks."""
+        total = self.arena.pages(need)
+        avail = self.arena.available(self.pools, self.evictor) - self.arena.pages(held)
         short = {"arena": (total, avail)} if total > avail else {}
         num_pages = self.arena.num_pages
         return short, ({"arena": (total, num_pages)} if total > num_pages else {})

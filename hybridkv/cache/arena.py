@@ -19,6 +19,13 @@ every pool's takeable cached blocks; when pages are short the arena picks the po
 one back (``giver``: the victim cheapest to recompute per page, dead ones first) and that pool
 evicts its own victim through its own path (``Evictor.make_room``: its own policy, the disk
 spill on eviction).  Never one global order across kinds.
+
+Blocks of several pages (``block_pages``: pool key -> k): an engine that keeps the bytes itself
+with one id per page-sized unit (vLLM: one KV block id per block_size tokens, while a window
+page spans W'/block_size of them) gives a pool's blocks k page ids each: taken and given back
+together, counted k times by admission and the giver; the block table names the block by its
+first page (its slot), ``pages_of(slot)`` lists all k.  hybridkv's own tensors keep the block's
+rows at its first page (every page is as large as the largest block).
 """
 import torch
 
@@ -35,9 +42,13 @@ COVERED = 6             # record field after the common six: the position a bloc
 
 
 class Arena:
-    def __init__(self, num_pages, page_nbytes, device="cpu"):
+    def __init__(self, num_pages, page_nbytes, device="cpu", block_pages=None):
         if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
             raise BadArgument("num_pages must be a positive int", num_pages)
+        block_pages = dict(block_pages or {})
+        for pk, k in block_pages.items():
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_pages:
+                raise BadArgument("pages per block must be an int in [1, num_pages]", (pk, k))
         if page_nbytes <= 0 or page_nbytes % GPU_BLOCK_ALIGN:
             raise BadArgument("page bytes must be a positive multiple of the alignment",
                               page_nbytes)
@@ -50,6 +61,8 @@ class Arena:
         self.free = list(range(num_pages - 1, -1, -1))       # stack of free pages
         self.is_free_page = bytearray(b"\x01") * num_pages
         self.pages_held = {}                                 # pool key -> pages it owns
+        self.block_pages = block_pages                       # pool key -> pages a block takes
+        self.more_pages = {}                                 # first page -> the block's others
 
     @property
     def n_free(self):
@@ -77,11 +90,30 @@ class Arena:
         self.pages_held[pool_key] = 0
         return out
 
+    def pages_per_block(self, pool_key):
+        return self.block_pages.get(pool_key, 1)
+
+    def pages(self, need):
+        """Pages the blocks ``need`` (pool key -> blocks) take."""
+        return sum(k * self.block_pages.get(pk, 1) for pk, k in need.items())
+
+    def pages_of(self, page):
+        """Every page of the block whose first page is ``page``."""
+        return [page, *self.more_pages.get(page, ())]
+
     # -- pages change owner only while FREE ----------------------------------------------------
     def take(self, pool_key):
-        """A free page now owned by ``pool_key`` (its block just left FREE)."""
-        if not self.free:
+        """A block's free pages, now owned by ``pool_key`` (its block just left FREE): the
+        first one (the block's slot)."""
+        k = self.pages_per_block(pool_key)
+        if len(self.free) < k:
             raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        pages = [self._take_page(pool_key) for _ in range(k)]
+        if k > 1:
+            self.more_pages[pages[0]] = pages[1:]
+        return pages[0]
+
+    def _take_page(self, pool_key):
         page = self.free.pop()
         if not self.is_free_page[page] or self.owner[page] is not None:
             raise InvariantViolation("arena_routing", ("page taken twice", page,
@@ -91,20 +123,22 @@ class Arena:
         return page
 
     def give(self, pool_key, page):
-        """Page ``page`` is free again (its block returned to FREE in pool ``pool_key``)."""
-        if self.is_free_page[page] or self.owner[page] != pool_key:
-            raise InvariantViolation("arena_routing", ("page given back by a non-owner", page,
-                                                       self.owner[page], pool_key))
-        self.is_free_page[page], self.owner[page] = 1, None
-        self.pages_held[pool_key] -= 1
-        self.free.append(page)
+        """The block whose first page is ``page`` returned to FREE in pool ``pool_key``: its
+        pages are free again."""
+        for p in [page, *self.more_pages.pop(page, ())]:
+            if self.is_free_page[p] or self.owner[p] != pool_key:
+                raise InvariantViolation("arena_routing", ("page given back by a non-owner",
+                                                           p, self.owner[p], pool_key))
+            self.is_free_page[p], self.owner[p] = 1, None
+            self.pages_held[pool_key] -= 1
+            self.free.append(p)
 
     # -- capacity across kinds ----------------------------------------------------------------
     def available(self, pools, evictor):
         """Pages an allocation could have now: free pages plus every pool's cached blocks
         eviction can take (Evictor.available counts only those, beside its free blocks)."""
-        return self.n_free + sum(evictor.available(pk) - pool.n_free
-                                 for pk, pool in pools.items())
+        return self.n_free + sum((evictor.available(pk) - pool.n_free) *
+                                 self.pages_per_block(pk) for pk, pool in pools.items())
 
     def giver(self, pools, evictor):
         """The pool that gives a page back: the one whose own victim is cheapest to recompute
@@ -117,8 +151,8 @@ class Arena:
             if b is None:
                 continue
             reachable = evictor.index.reachable(ObjRef(pk[0], pk[1], b))
-            cost = (pool.recs[b][COVERED] * pool.n_layers if reachable else 0,
-                    -self.pages_held[pk])
+            cost = (pool.recs[b][COVERED] * pool.n_layers / self.pages_per_block(pk)
+                    if reachable else 0, -self.pages_held[pk])
             if best_cost is None or cost < best_cost:
                 best, best_cost = pk, cost
         return best
@@ -145,11 +179,13 @@ class Arena:
                 if rec.st == FREE:
                     if page != NO_PAGE:
                         bad.append(("page-of-free-block", pk, b, page))
-                elif page in holder:
-                    bad.append(("page-held-twice", page, holder[page], (pk, b)))
-                elif page == NO_PAGE or self.owner[page] != pk or self.is_free_page[page]:
-                    bad.append(("page-owner", pk, b, page))
-                holder.setdefault(page, (pk, b))
+                    continue
+                for p in self.pages_of(page) if page != NO_PAGE else [page]:
+                    if p in holder:
+                        bad.append(("page-held-twice", p, holder[p], (pk, b)))
+                    elif p == NO_PAGE or self.owner[p] != pk or self.is_free_page[p]:
+                        bad.append(("page-owner", pk, b, p))
+                    holder.setdefault(p, (pk, b))
         if sorted(self.free) != [p for p in range(self.num_pages) if self.is_free_page[p]]:
             bad.append(("free-list", len(self.free)))
         for page in range(self.num_pages):
@@ -185,18 +221,19 @@ class ArenaPool(Pool):
         super().__init__(kind, group, arena.num_pages, tensors, abi, ctx, arena.device, checked,
                          on_transition)
         self.phys = [NO_PAGE] * self.n
-        self.spare = None                     # no spare slot: relocation takes a free page
+        self.spare = None                     # no spare slot: relocation takes free pages
+        self.k = arena.pages_per_block(self.key)        # pages a block of this pool takes
 
     def _make_storage(self, tensors, dtype, device):
         return self.arena.views(self.key, tensors, self.n_layers, dtype)
 
     def alloc(self):
-        """A FREE block id, or None when the arena has no page for it to take."""
-        return super().alloc() if self.arena.n_free else None
+        """A FREE block id, or None when the arena has no pages for it to take."""
+        return super().alloc() if self.arena.n_free >= self.k else None
 
     def alloc_run(self, n):
         """At most as many FREE block ids as the arena has pages for them to take."""
-        return super().alloc_run(min(n, self.arena.n_free))
+        return super().alloc_run(min(n, self.arena.n_free // self.k))
 
     def _moved(self, b, old, new):
         super()._moved(b, old, new)
@@ -207,7 +244,7 @@ class ArenaPool(Pool):
             self.phys[b] = NO_PAGE
 
     def _fresh_slot(self, st):
-        if not self.arena.n_free:
+        if self.arena.n_free < self.k:
             raise TransitionRefused(self.kind, st, "relocate")
         return self.arena.take(self.key)
 

@@ -18,7 +18,8 @@ Drafts: ``allocate(..., num_draft_tokens=k)`` then ``accept_drafts`` / ``reject_
 Every public call holds one re-entrant lock and never does blocking I/O under it.  Bad input
 raises a named error from hybridkv.errors and changes nothing; so does AdmissionRefused.
 ``num_pages=N`` (instead of ``num_blocks``) draws every pool's blocks from one arena of N equal
-pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind.
+pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind;
+``block_pages`` gives a pool's blocks k pages each (``slot_pages`` lists them).
 ``events=True`` records a CacheEvent for every block filed in / taken out of the prefix index
 (``take_events`` drains them: an engine's KV events).
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
@@ -83,7 +84,7 @@ class CacheManager:
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
-                 check_every=64, num_pages=None, events=False):
+                 check_every=64, num_pages=None, events=False, block_pages=None):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
         if num_pages is not None:
@@ -91,6 +92,10 @@ class CacheManager:
                 raise BadArgument("num_blocks and num_pages exclude each other", num_pages)
             check_count("num_pages", num_pages, 1)
             num_blocks = num_pages            # every pool keeps one record per page
+        if block_pages is not None and (num_pages is None or not isinstance(block_pages, dict)
+                                        or not set(block_pages) <= set(layout.pool_keys())):
+            raise BadArgument("block_pages maps pool keys to pages, in arena mode only",
+                              block_pages)
         elif num_blocks is None:
             num_blocks = 64
         sizes = num_blocks if isinstance(num_blocks, dict) else \
@@ -111,7 +116,7 @@ class CacheManager:
         self.metrics = metrics or Metrics()
         self.ctx = {g.name: GroupCtx(g, max_ver, max_ep) for g in layout.groups}
         self.arena = None if num_pages is None else \
-            Arena(num_pages, layout.page_nbytes(), self.device)
+            Arena(num_pages, layout.page_nbytes(), self.device, block_pages)
         self.pools = {}
         for kind, gname in layout.pool_keys():
             g, pk = layout.group(gname), (kind, gname)
@@ -640,6 +645,16 @@ class CacheManager:
         self._pool(kind, group)
         b = (self.index.exact_block if exact else self.index.chain_block)(kind, group, key)
         return None if b is None else ObjRef(kind, group, b)
+
+    def slot_pages(self, slot):
+        """The arena pages of the block at ``slot`` (a block table entry): ``[slot]``, or all
+        k pages of a pool whose blocks take k (``block_pages``)."""
+        check_count("slot", slot)
+        if self.arena is None:
+            return [slot]
+        if slot >= self.arena.num_pages:
+            raise BadArgument("no such arena page", slot)
+        return self.arena.pages_of(slot)
 
     def slot(self, ref):
         """The physical slot (arena page id) block ``ref`` (an ObjRef, e.g. a HitPlan read's)

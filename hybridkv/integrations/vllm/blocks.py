@@ -8,8 +8,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 
 class VllmBlocks:
-    def __init__(self, layout, per_page):
-        self.layout, self.per_page = layout, per_page
+    def __init__(self, layout, pages_of):
+        self.layout, self.pages_of = layout, pages_of   # slot -> the block's arena pages
         self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
         self.objects = {NULL_BLOCK_ID: self.null_block}      # vLLM id -> its KVCacheBlock
         self.empty = KVCacheBlocks(tuple(() for _ in layout.groups))
@@ -26,7 +26,7 @@ class VllmBlocks:
 
     def of_request(self, tables, track, start_tokens, end_tokens):
         """A request's blocks covering positions [start_tokens, end_tokens) per group."""
-        return self.wrap(group_ids(g, tables[g.name], self.per_page, track.hit,
+        return self.wrap(group_ids(g, tables[g.name], self.pages_of, track.hit,
                                    track.windows.get(g.name), cdiv(start_tokens, g.block_size),
                                    cdiv(end_tokens, g.block_size))
                          for g in self.layout.groups)
@@ -38,4 +38,4 @@ class VllmBlocks:
             if not r.exact and r.ref.kind == "comp":
                 chains[r.ref.group].append(cache.slot(r.ref))
         return self.wrap(hit_ids(g, chains[g.name], windows.get(g.name), plan.reuse_tokens,
-                                 self.per_page) for g in self.layout.groups)
+                                 self.pages_of) for g in self.layout.groups)

@@ -14,8 +14,8 @@ step's forward):
 A restore whose snapshot was captured in this same batch would gather the snapshot's rows
 before the capture scatters them: its source becomes the capture's source (the same rows,
 computed).  Two copies to one destination (a page evicted and reused within the batch): the
-later one stands.  Ids: a pool block of a window group spans ``window_blocks`` vLLM ids; row r
-of it is in vLLM block ``r // block_size`` of the page.
+later one stands.  Ids: a pool block of a window group spans ``window_blocks`` arena pages (vLLM
+ids); row r of it is in its page ``r // block_size``.
 """
 from hybridkv.integrations.vllm.block_ids import vllm_id
 from hybridkv.integrations.vllm.specs import window_blocks
@@ -25,15 +25,16 @@ class WorkerCopies:
     """The copies of the step being scheduled, in vLLM ids: destination id -> source id, in
     the order filed (a later copy to the same destination replaces the earlier one)."""
 
-    def __init__(self, layout, per_page):
+    def __init__(self, layout, pages_of):
         self.groups = {g.name: g for g in layout.groups}
-        self.per_page = per_page
+        self.pages_of = pages_of          # slot -> the block's arena pages
         self.pending = {}                 # destination vLLM id -> source vLLM id
 
     def _ids(self, group, src, dst, row_start=0, row_end=None):
         g = self.groups[group]
         last = window_blocks(g) if row_end is None else -(-row_end // g.block_size)
-        return [(vllm_id(src, j, self.per_page), vllm_id(dst, j, self.per_page))
+        src_pages, dst_pages = self.pages_of(src), self.pages_of(dst)
+        return [(vllm_id(src_pages[j]), vllm_id(dst_pages[j]))
                 for j in range(row_start // g.block_size, last)]
 
     def captured(self, slot_copies):

@@ -23,7 +23,7 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 """
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
-from hybridkv.integrations.vllm.block_ids import ids_per_page, num_pages
+from hybridkv.integrations.vllm.block_ids import block_pages, num_pages
 from hybridkv.integrations.vllm.blocks import VllmBlocks
 from hybridkv.integrations.vllm.commits import Commits
 from hybridkv.integrations.vllm.copies import WorkerCopies
@@ -59,23 +59,23 @@ class KVCacheManager(UnusedMachinery):
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.every_n = every_n(kv_cache_config, self.layout, scheduler_block_size)
-        self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
-        self.num_pages = num_pages(self.layout, kv_cache_config.num_blocks)
+        self.block_pages = block_pages(self.layout)      # a window page's vLLM blocks
+        self.num_pages = num_pages(kv_cache_config.num_blocks)
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.blocks = VllmBlocks(self.layout, self.per_page)    # vLLM's block objects
+        self.blocks = VllmBlocks(self.layout, self.pages_of)    # vLLM's block objects
         self.empty_kv_cache_blocks, self.null_block = self.blocks.empty, self.blocks.null_block
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
-        self.copies = WorkerCopies(self.layout, self.per_page)  # this step's worker copies
+        self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
         self.commits = Commits(self.copies)
         self.block_pool = BlockPoolFacade(self)
         self.coordinator = CoordinatorFacade(self)
 
     def _new_cache(self):
-        return CacheManager(self.layout, num_pages=self.num_pages, device="meta",
-                            every_n=self.every_n, events=True)
+        return CacheManager(self.layout, num_pages=self.num_pages, block_pages=self.block_pages,
+                            device="meta", every_n=self.every_n, events=True)
 
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped (the hash
@@ -86,11 +86,16 @@ class KVCacheManager(UnusedMachinery):
     def num_free_blocks(self):
         """vLLM block ids an allocation could take now: the ids of the arena pages free or
         evictable (hybridkv's count, the same for every pool)."""
-        return max(self.cache.available_blocks().values()) * self.per_page
+        return max(self.cache.available_blocks().values())
 
     def ids_needed(self, request_id, num_tokens):
         """vLLM block ids (whole pages) hybridkv needs for ``num_tokens`` more positions."""
-        return sum(self.cache.blocks_needed(request_id, num_tokens).values()) * self.per_page
+        need = self.cache.blocks_needed(request_id, num_tokens)
+        return sum(n * self.block_pages.get(pk, 1) for pk, n in need.items())
+
+    def pages_of(self, slot):
+        """The arena pages (vLLM ids - 1) of the block at ``slot``."""
+        return self.cache.slot_pages(slot)
 
     @property
     def usage(self):

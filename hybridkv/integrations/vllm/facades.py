@@ -103,6 +103,8 @@ class CoordinatorFacade:
         self.enable_partial_hash_hits = False
         self.eagle_group_ids = ()
         self.num_reprefillable_tokens = 0
+        self.retention_interval = getattr(manager.kv_cache_config,        # as vLLM resolved it
+                                          "prefix_cache_retention_interval", None)
 
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks=None,
                                    num_encoder_tokens=0, total_computed_tokens=0,

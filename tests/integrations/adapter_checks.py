@@ -265,3 +265,18 @@ def test_kv_events_carry_the_lookahead_hashes_vllm_computes():
     (stored,) = kv.take_events()
     assert isinstance(stored, BlockStored) and stored.block_hashes == vllm_hashes(a)
     assert stored.lookahead_token_ids == [[BS], [2 * BS]] and len(stored.extra_keys) == 2
+
+
+def test_a_block_is_keyed_by_vllm_s_hash_with_its_lookahead_tokens():
+    kv = manager(64, full())
+
+    def req(rid, tokens):
+        return Request(rid, tokens, SamplingParams(max_tokens=4), None,
+                       block_hasher=get_request_block_hasher(BS, sha256, 1))
+    a = req("a", list(range(2 * BS)))                 # block 1's lookahead token not known
+    prefill(kv, a)
+    assert kv.get_computed_blocks(req("p", list(range(2 * BS)) + [5, 7]))[1] == BS
+    a.append_output_token_ids(5)                      # now it is: block 1 is cached
+    assert kv.allocate_slots(a, 1) is not None
+    assert kv.get_computed_blocks(req("q", list(range(2 * BS)) + [5, 7]))[1] == 2 * BS
+    assert kv.get_computed_blocks(req("r", list(range(2 * BS)) + [6, 7]))[1] == BS

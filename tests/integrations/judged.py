@@ -8,10 +8,6 @@ REFUSED_SPECS = ("MambaSpec", "CrossAttentionSpec", "HiSparseResidentSpec", "MLA
                  "context parallelism")
 
 CLASSES = {
-    "lookahead-key": "vLLM keys a block by its tokens plus the next num_hash_lookahead_tokens "
-                     "(an MTP drafter's KV at p reads token p+1) and waits for them; hybridkv "
-                     "keys a block by its own tokens and resumes one block earlier (vLLM right "
-                     "for the drafter's state; the target model's state is the same)",
     "snapshot-pages": "a hybridkv window snapshot is a copy in pages of its own: captured, it "
                       "is evictable and counts as free, where vLLM's immutable window blocks "
                       "double as the cache (the frees themselves match vLLM's: none while the "
@@ -43,9 +39,7 @@ CLASSES = {
 }
 
 NAMED = {
-    "test_scheduler.py": {
-        "test_scheduler_publishes_lookahead_blocks_at_allocation": "lookahead-key",
-    },
+    "test_scheduler.py": {},
     "test_swa_inflight_window_free.py": {
         "test_swa_free_waits_for_in_flight_step": "snapshot-pages",
         "test_chunked_local_free_waits_for_in_flight_step": "chunk-as-window",

@@ -6,7 +6,8 @@ the allocation's checkpoints.  Per request (``Tracked``):
 
   target       commits follow the positions vLLM counts as cached (allocate_slots: computed +
                new, capped at the known tokens; cache_blocks; free: the computed ones), never
-               past the allocation nor the known token ids (speculative tokens wait)
+               past the allocation nor the known token ids (speculative tokens wait, and a
+               block's last position waits for vLLM's hash of the block: token_ids)
   checkpoints  a commit is split at every checkpoint that has snapshots (each is captured);
                one past the positions scheduled in earlier steps (``num_computed_tokens``, or
                the hit) is not captured yet: its copy runs before this step's forward and would
@@ -16,7 +17,7 @@ the allocation's checkpoints.  Per request (``Tracked``):
                (``num_computed_tokens - num_in_flight_tokens``): an in-flight step still reads
                the window below the optimistic count
 """
-from hybridkv.integrations.vllm.translate import token_ids
+from hybridkv.integrations.vllm.translate import known_positions, token_ids
 
 
 def capturable(track):
@@ -49,7 +50,7 @@ class Commits:
         """Commit toward the target as far as the rules allow; slide the windows to the
         settled basis (``settled``, or the request's)."""
         request, points = track.request, track.points
-        end = min(track.target, request.num_tokens, track.allocated)
+        end = min(track.target, known_positions(request, track.hash_block_size), track.allocated)
         bound = capturable(track)
         basis = settled_basis(track) if settled is None else settled
         while track.committed < end:
@@ -74,8 +75,8 @@ class Commits:
     def _commit(self, cache, track, stop, basis):
         start, rid = track.committed, track.request.request_id
         slide = min(basis, stop)
-        self.copies.captured(cache.commit(rid, stop - start,
-                                          token_ids(track.request, start, stop), slide))
+        ids = token_ids(track.request, start, stop, track.hash_block_size)
+        self.copies.captured(cache.commit(rid, stop - start, ids, slide))
         track.committed, track.settled = stop, max(track.settled, slide)
 
     def catch_up(self, cache):

@@ -18,9 +18,29 @@ from hybridkv.integrations.vllm.translate import cdiv
 
 
 class UnusedMachinery:
-    """vLLM KVCacheManager methods for machinery hybridkv does not use or does elsewhere
-    (the manager's base)."""
+    """vLLM KVCacheManager methods for vLLM's own bookkeeping (prefix-cache stats) and for
+    machinery hybridkv does not use or does elsewhere (the manager's base)."""
     mamba_shared_prefix_checkpoint = False         # no Mamba groups: nothing to share
+
+    @staticmethod
+    def new_stats():
+        from vllm.v1.metrics.stats import PrefixCacheStats
+        return PrefixCacheStats()
+
+    def make_prefix_cache_stats(self):
+        """The prefix cache stats since the last call (None without log_stats)."""
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, self.new_stats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request):
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request, num_hits):
+        if self.log_stats and self.prefix_cache_lookup_enabled(request):
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                           preempted=request.num_preemptions > 0)
 
     def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
         return *self.get_computed_blocks(request, max_cache_hit_length), False

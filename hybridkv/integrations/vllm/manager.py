@@ -32,11 +32,10 @@ from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFaca
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
-                                                  salt_of, token_ids)
+                                                  known_positions, salt_of, token_ids)
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
-from vllm.v1.metrics.stats import PrefixCacheStats
 
 
 class KVCacheManager(UnusedMachinery):
@@ -56,7 +55,7 @@ class KVCacheManager(UnusedMachinery):
         self.log_stats, self.use_eagle = log_stats, use_eagle
         self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens,
                                enable_kv_cache_events)
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.prefix_cache_stats = self.new_stats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.every_n = every_n(kv_cache_config, self.layout, scheduler_block_size)
         self.block_pages = block_pages(self.layout)      # a window page's vLLM blocks
@@ -102,21 +101,6 @@ class KVCacheManager(UnusedMachinery):
         """The KV cache usage (0.0 .. 1.0) over vLLM's usable block ids."""
         return 1.0 - self.num_free_blocks() / max(1, self.kv_cache_config.num_blocks - 1)
 
-    def make_prefix_cache_stats(self):
-        """The prefix cache stats since the last call (None without log_stats)."""
-        if not self.log_stats:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request):
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request, num_hits):
-        if self.log_stats and self.prefix_cache_lookup_enabled(request):
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                           preempted=request.num_preemptions > 0)
-
     # -- lookup --------------------------------------------------------------------------------
     def get_computed_blocks(self, request, max_cache_hit_length=None):
         """hybridkv's resume point H for the request's prompt (at most ``num_tokens - 1``:
@@ -126,8 +110,8 @@ class KVCacheManager(UnusedMachinery):
         self.commits.catch_up(self.cache)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        limit = request.num_tokens - 1 if max_cache_hit_length is None else \
-            min(max_cache_hit_length, request.num_tokens - 1)
+        last = known_positions(request, self._keyed(request)) - 1   # one left to compute
+        limit = last if max_cache_hit_length is None else min(max_cache_hit_length, last)
         plan = self._look(request, limit, salt_of(request)) if limit > 0 else None
         if plan is not None and plan.reuse_tokens and self.use_eagle:
             # vLLM's EAGLE drops a hit's last matched block
@@ -138,13 +122,22 @@ class KVCacheManager(UnusedMachinery):
         return self.blocks.of_hit(self.cache, plan, self.tracked[request.request_id].windows), \
             plan.reuse_tokens, 0
 
-    def _look(self, request, limit, salt):
+    def _keyed(self, request):
+        """vLLM's hash block size when the request's hybridkv ids carry vLLM's block hashes
+        (it has a block hasher: prefix caching on), else 0 (its own salt, raw token ids)."""
+        hashed = self.enable_caching and getattr(request, "_block_hasher", True) is not None
+        return self.hash_block_size if hashed else 0
+
+    def _look(self, request, limit, salt, keyed=None):
         """hybridkv's plan resuming at most at ``limit`` (it looks up limit + 1 tokens: one to
         compute); the request is tracked with the plan's window snapshots."""
-        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1), salt)
-        self.tracked[request.request_id] = Tracked(request, plan.reuse_tokens, windows={
-            r.ref.group: self.cache.slot(r.ref) for r in plan.reads
-            if r.exact and r.ref.kind == "swa"})
+        keyed = self._keyed(request) if keyed is None else keyed
+        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1, keyed),
+                                 salt)
+        windows = {r.ref.group: self.cache.slot(r.ref) for r in plan.reads
+                   if r.exact and r.ref.kind == "swa"}
+        self.tracked[request.request_id] = Tracked(request, plan.reuse_tokens, keyed,
+                                                   windows=windows)
         return plan
 
     # -- allocation ----------------------------------------------------------------------------
@@ -204,9 +197,9 @@ class KVCacheManager(UnusedMachinery):
             if computed:
                 hit = self._look(request, computed, salt_of(request)).reuse_tokens
             else:                  # one token: a resume point of 0 (granule > 1)
-                salt = salt_of(request) if self.prefix_cache_lookup_enabled(request) else \
-                    b"nocache:" + str(rid).encode()
-                hit = self._look(request, 0, salt).reuse_tokens
+                shared = self.prefix_cache_lookup_enabled(request)
+                salt = salt_of(request) if shared else b"nocache:" + str(rid).encode()
+                hit = self._look(request, 0, salt, None if shared else 0).reuse_tokens
             if hit != computed:
                 raise HitMismatch("hybridkv cannot resume where vLLM asks", (rid, hit, computed))
             track = self.tracked[rid]

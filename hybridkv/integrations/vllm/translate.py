@@ -19,6 +19,7 @@ class HitMismatch(BadArgument):
 class Tracked:
     request: object           # the vLLM Request (its computed and in-flight token counts)
     hit: int                  # hybridkv's resume point H from the last lookup
+    hash_block_size: int = 0  # > 0: its token ids carry vLLM's block hashes (token_ids)
     started: bool = False     # the first allocation pinned the plan
     allocated: int = 0        # positions with slots in hybridkv (regular + lookahead)
     committed: int = 0        # positions committed to hybridkv (their token ids known)
@@ -42,12 +43,40 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def token_ids(request, start, end):
-    """The request's token ids [start, end) as hybridkv takes them: vLLM's negative
-    placeholder ids (multimodal inputs, whose content is in the salt) map past every
-    vocabulary id, keeping them distinct from each other and from real tokens."""
-    ids = request.all_token_ids[start:end]
-    return [t if t >= 0 else (1 << 62) - t for t in ids]
+HASH_ID_MASK = (1 << 62) - 1
+
+
+def hash_id(block_hash):
+    """A vLLM block hash (bytes, or an int) as a hybridkv token id below 2**62."""
+    if isinstance(block_hash, int):
+        return block_hash & HASH_ID_MASK
+    return int.from_bytes(bytes(block_hash)[:8], "big") & HASH_ID_MASK
+
+
+def token_ids(request, start, end, hash_block_size=0):
+    """The request's token ids [start, end) as hybridkv takes them.  vLLM's negative
+    placeholder ids (multimodal inputs) map past every vocabulary id, distinct from each
+    other and from real tokens.  With ``hash_block_size`` (a request vLLM hashes) the last
+    position of hash block j is named by vLLM's hash of block j instead: it chains every
+    block before and holds what vLLM keys a block by besides its tokens (the tokens after it
+    that a drafter reads, ``num_hash_lookahead_tokens``; the multimodal inputs, LoRA, cache
+    salt), so hybridkv's key at a block end is vLLM's identity of that prefix."""
+    ids = [t if t >= 0 else (1 << 62) - t for t in request.all_token_ids[start:end]]
+    if hash_block_size:
+        hashes, first = request.block_hashes, -(-(start + 1) // hash_block_size)
+        for j in range(first, (end // hash_block_size) + 1):
+            p = j * hash_block_size - 1
+            if start <= p < end:
+                ids[p - start] = hash_id(hashes[j - 1])
+    return ids
+
+
+def known_positions(request, hash_block_size=0):
+    """Positions whose hybridkv token id is known (``token_ids``): a block's last position
+    waits for vLLM's hash of the block (after its lookahead tokens exist)."""
+    if not hash_block_size:
+        return request.num_tokens
+    return min(request.num_tokens, (len(request.block_hashes) + 1) * hash_block_size - 1)
 
 
 def salt_of(request):

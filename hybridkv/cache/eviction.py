@@ -67,6 +67,22 @@ class Evictor:
         if parent is not None:
             self.refresh(parent)
 
+    def entered_run(self, ref, blocks):
+        """``entered`` for chain blocks just published in a row, ``ref`` the first of them,
+        each block in ``blocks`` the next one's child: the first may flip its parent, each
+        later one is a live child of a fresh (live, uncached) block, so nothing travels."""
+        self.entered(ref)
+        pk = (ref.kind, ref.group)
+        live, below, blocked, pool = self.live[pk], self.live_below[pk], self.blocked[pk], \
+            self.pools[pk]
+        prev = ref.block
+        for b in blocks:
+            blocked.discard(b)
+            live.add(b)
+            below[prev] = below.get(prev, 0) + 1
+            pool.touch(prev)
+            prev = b
+
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
         pk, b = (ref.kind, ref.group), ref.block

@@ -160,6 +160,21 @@ class PrefixIndex:
             self.entries[pk][parent.block].children.add(ref.block)
         return True
 
+    def publish_run(self, kind, group, blocks, keys, parent):
+        """``publish`` of chain blocks ``blocks`` under ``keys`` (none of them taken), each the
+        next one's parent, the first hanging from ``parent`` (an ObjRef or None)."""
+        pk = (kind, group)
+        ents, m = self.entries[pk], self.chain[pk]
+        if parent is not None and parent.block not in ents:
+            parent = None
+        prev_ref, prev_e = parent, (None if parent is None else ents[parent.block])
+        for b, key in zip(blocks, keys):
+            m[key] = b
+            ents[b] = e = _Entry(key, False, prev_ref)
+            if prev_e is not None:
+                prev_e.children.add(b)
+            prev_ref, prev_e = ObjRef(kind, group, b), e
+
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
         when one is already recorded under this key or an anchor is not published."""
@@ -170,6 +185,17 @@ class PrefixIndex:
         for a in anchors:
             self.entries[(a.kind, a.group)][a.block].anchored.add(key)
         return True
+
+    def add_block_ends(self, kind, group, blocks, keys, ends):
+        """``add_checkpoint`` at the end of each published chain block ``blocks`` (filed
+        under ``keys``), where that block is the checkpoint's one anchor (a layout with one
+        chain pool and nothing exact at block ends)."""
+        pk = (kind, group)
+        ents, ckpts = self.entries[pk], self.ckpts
+        for b, key, H in zip(blocks, keys, ends):
+            if key not in ckpts:
+                ckpts[key] = Checkpoint(H, key, (ObjRef(kind, group, b),))
+                ents[b].anchored.add(key)
 
     def unpublish(self, ref):
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost

@@ -173,8 +173,7 @@ class Pool:
         new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
         news = list(map(tuple.__new__, repeat(self.rec_type),
                         zip(*[np.broadcast_to(f, (n,)).tolist() for f in new])))
-        for b, old, rec in zip(blocks, olds, news):
-            self._landed(b, event, old, rec)
+        self._landed_run(blocks, event, olds, news, cols[:, 0], tgts)
         return news
 
     def _landed(self, b, event, old, new):
@@ -190,6 +189,33 @@ class Pool:
         if new.st == READY and b in self.watch:
             self.watch.discard(b)
             self.on_ready(b)
+
+    def _landed_run(self, blocks, event, olds, news, old_sts, new_sts):
+        """``_landed`` of a run, ``old_sts`` / ``new_sts`` its states as numpy columns: the
+        bookkeeping per distinct (from, to) pair of states, not per block."""
+        if self.shadows is not None:
+            for b, old, new in zip(blocks, olds, news):
+                self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
+            self.touched.update(blocks)
+        recs = self.recs
+        for b, rec in zip(blocks, news):
+            recs[b] = rec
+        pairs = old_sts * 8 + new_sts
+        first = int(pairs[0])
+        kinds = [first] if (pairs == first).all() else np.unique(pairs).tolist()
+        for pair in kinds:
+            a, z = divmod(pair, 8)
+            members = blocks if len(kinds) == 1 else np.asarray(blocks)[pairs == pair].tolist()
+            if a != z:
+                for b in members:
+                    self._moved(b, a, z)
+            if self.on_transition is not None:
+                self.on_transition(self.kind, a, z, len(members))
+            if z == READY and self.watch:
+                for b in members:
+                    if b in self.watch:
+                        self.watch.discard(b)
+                        self.on_ready(b)
 
     def _moved(self, b, old, new):
         if old == WRITING:

@@ -30,13 +30,28 @@ class Checkpoint(NamedTuple):
     anchors: tuple     # ObjRef: per chain pool, the chain block ending at H - H % block_size
 
 
+NONE = frozenset()     # an entry's children / anchored until it gets one (most never do)
+
+
 class _Entry:
     __slots__ = ("key", "exact", "parent", "children", "anchored")
 
     def __init__(self, key, exact, parent):
         self.key, self.exact, self.parent = key, exact, parent
-        self.children = set()      # blocks of the same pool whose parent this is
-        self.anchored = set()      # chain keys of checkpoints hanging from this block
+        self.children = NONE       # blocks of the same pool whose parent this is
+        self.anchored = NONE       # chain keys of checkpoints hanging from this block
+
+    def add_child(self, b):
+        if self.children:
+            self.children.add(b)
+        else:
+            self.children = {b}
+
+    def add_anchored(self, key):
+        if self.anchored:
+            self.anchored.add(key)
+        else:
+            self.anchored = {key}
 
 
 def _h(*parts):
@@ -157,7 +172,7 @@ class PrefixIndex:
             parent = None
         self.entries[pk][ref.block] = _Entry(key, exact, parent)
         if parent is not None:
-            self.entries[pk][parent.block].children.add(ref.block)
+            self.entries[pk][parent.block].add_child(ref.block)
         return True
 
     def publish_run(self, kind, group, blocks, keys, parent):
@@ -172,7 +187,7 @@ class PrefixIndex:
             m[key] = b
             ents[b] = e = _Entry(key, False, prev_ref)
             if prev_e is not None:
-                prev_e.children.add(b)
+                prev_e.add_child(b)
             prev_ref, prev_e = ObjRef(kind, group, b), e
 
     def add_checkpoint(self, H, key, anchors):
@@ -183,7 +198,7 @@ class PrefixIndex:
             return False
         self.ckpts[key] = Checkpoint(H, key, tuple(anchors))
         for a in anchors:
-            self.entries[(a.kind, a.group)][a.block].anchored.add(key)
+            self.entries[(a.kind, a.group)][a.block].add_anchored(key)
         return True
 
     def add_block_ends(self, kind, group, blocks, keys, ends):
@@ -195,7 +210,7 @@ class PrefixIndex:
         for b, key, H in zip(blocks, keys, ends):
             if key not in ckpts:
                 ckpts[key] = Checkpoint(H, key, (ObjRef(kind, group, b),))
-                ents[b].anchored.add(key)
+                ents[b].add_anchored(key)
 
     def unpublish(self, ref):
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost
@@ -214,7 +229,8 @@ class PrefixIndex:
         if e.parent is not None:
             pe = self.entries[pk].get(e.parent.block)
             if pe is not None:
-                pe.children.discard(ref.block)
+                if ref.block in pe.children:
+                    pe.children.discard(ref.block)
                 if not pe.children:
                     leaves.append(e.parent)
                     if not pe.anchored and not pe.exact:
@@ -238,7 +254,8 @@ class PrefixIndex:
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:
-                ae.anchored.discard(key)
+                if key in ae.anchored:
+                    ae.anchored.discard(key)
                 if not ae.children and not ae.anchored:
                     dead.append(a)
         return dead

@@ -30,7 +30,25 @@ class Checkpoint(NamedTuple):
     anchors: tuple     # ObjRef: per chain pool, the chain block ending at H - H % block_size
 
 
-NONE = frozenset()     # an entry's children / anchored until it gets one (most never do)
+NONE = ()     # an entry's children / anchored until it gets one
+
+
+def _added(members, x):
+    """``members`` (a tuple of at most one, else a set) with x: most chain blocks have one
+    child and one checkpoint of their own, kept as a 1-tuple (48 B, where a set is 216 B)."""
+    if not members:
+        return (x,)
+    if type(members) is tuple:
+        return {members[0], x}
+    members.add(x)
+    return members
+
+
+def _removed(members, x):
+    if type(members) is tuple:
+        return NONE if members == (x,) else members
+    members.discard(x)
+    return members
 
 
 class _Entry:
@@ -40,18 +58,6 @@ class _Entry:
         self.key, self.exact, self.parent = key, exact, parent
         self.children = NONE       # blocks of the same pool whose parent this is
         self.anchored = NONE       # chain keys of checkpoints hanging from this block
-
-    def add_child(self, b):
-        if self.children:
-            self.children.add(b)
-        else:
-            self.children = {b}
-
-    def add_anchored(self, key):
-        if self.anchored:
-            self.anchored.add(key)
-        else:
-            self.anchored = {key}
 
 
 def _h(*parts):
@@ -172,7 +178,8 @@ class PrefixIndex:
             parent = None
         self.entries[pk][ref.block] = _Entry(key, exact, parent)
         if parent is not None:
-            self.entries[pk][parent.block].add_child(ref.block)
+            pe = self.entries[pk][parent.block]
+            pe.children = _added(pe.children, ref.block)
         return True
 
     def publish_run(self, kind, group, blocks, keys, parent):
@@ -187,7 +194,7 @@ class PrefixIndex:
             m[key] = b
             ents[b] = e = _Entry(key, False, prev_ref)
             if prev_e is not None:
-                prev_e.add_child(b)
+                prev_e.children = _added(prev_e.children, b)
             prev_ref, prev_e = ObjRef(kind, group, b), e
 
     def add_checkpoint(self, H, key, anchors):
@@ -198,7 +205,8 @@ class PrefixIndex:
             return False
         self.ckpts[key] = Checkpoint(H, key, tuple(anchors))
         for a in anchors:
-            self.entries[(a.kind, a.group)][a.block].add_anchored(key)
+            ae = self.entries[(a.kind, a.group)][a.block]
+            ae.anchored = _added(ae.anchored, key)
         return True
 
     def add_block_ends(self, kind, group, blocks, keys, ends):
@@ -210,7 +218,8 @@ class PrefixIndex:
         for b, key, H in zip(blocks, keys, ends):
             if key not in ckpts:
                 ckpts[key] = Checkpoint(H, key, (ObjRef(kind, group, b),))
-                ents[b].add_anchored(key)
+                e = ents[b]
+                e.anchored = _added(e.anchored, key)
 
     def unpublish(self, ref):
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost
@@ -229,8 +238,7 @@ class PrefixIndex:
         if e.parent is not None:
             pe = self.entries[pk].get(e.parent.block)
             if pe is not None:
-                if ref.block in pe.children:
-                    pe.children.discard(ref.block)
+                pe.children = _removed(pe.children, ref.block)
                 if not pe.children:
                     leaves.append(e.parent)
                     if not pe.anchored and not pe.exact:
@@ -254,8 +262,7 @@ class PrefixIndex:
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:
-                if key in ae.anchored:
-                    ae.anchored.discard(key)
+                ae.anchored = _removed(ae.anchored, key)
                 if not ae.children and not ae.anchored:
                     dead.append(a)
         return dead
@@ -282,6 +289,6 @@ class PrefixIndex:
                         bad.append(("stale-key", pk, b))
         for pk, ents in self.entries.items():
             for b, e in ents.items():
-                if e.children != kids.get((pk, b), set()):
+                if set(e.children) != kids.get((pk, b), set()):
                     bad.append(("children", pk, b, sorted(e.children)))
         return bad

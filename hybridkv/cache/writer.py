@@ -412,10 +412,11 @@ class ObjectWriter:
         batched = len({r.ref for r in reads}) == len(reads)
         if batched:                           # admit reads only the block's own record
             fire_runs(self.pools, [r.ref for r in reads], "unpin")
-        for r in reads:
-            pool = self.pools[(r.ref.kind, r.ref.group)]
-            if not batched:
+            self.evictor.admit_reads(reads, (req.hint,))
+        else:
+            for r in reads:
+                pool = self.pools[(r.ref.kind, r.ref.group)]
                 pool.fire(r.ref.block, "unpin")
-            if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
-                self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
+                if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
+                    self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
         req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

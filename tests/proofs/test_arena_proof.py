@@ -144,3 +144,19 @@ def test_seeded_give_that_keeps_the_page_is_found(monkeypatch):
     assert ok and found.name in broken
     monkeypatch.undo()
     assert replay(found.trace) == (True, [])          # the real give frees the page
+
+
+def test_prove_command_shows_the_arena_rows_and_mutants():
+    """`hybridkv prove` (hybridkv/commands/prove.py): the arena's rows at the run's depth beside
+    the system's invariants, its mutants beside theirs, in the table and the JSON."""
+    from hybridkv.commands.prove import _table, _with_arena
+    from proofs.run import Report, Settings
+    report = Report([], [], [], {}, {}, [])
+    _with_arena(report, Settings(depth=2, only=("arena.can_take#0",)), lambda *_: None)
+    assert [(r["name"], r["depth"], r["result"]) for r in report.invariants] == [
+        (n, 2, "proven") for n in INVARIANTS]
+    (m,) = report.mutations
+    assert m.killed and m.mutant.name == "arena.can_take#0"
+    text = _table(report)
+    assert "arena_routing" in text and "mutants killed 1/1" in text
+    assert report.as_json()["mutations"] == {"killed": 1, "total": 1, "survivors": []}

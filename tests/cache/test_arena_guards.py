@@ -87,3 +87,16 @@ def test_without_the_spec_guard_another_blocks_page_is_freed():
     bad = a.check(m.pools)
     assert ("block-pages", pk, b1, FREE, [page1]) in bad      # FREE, still owns its page
     assert ("block-pages", pk, b2, READY, []) in bad          # held, its page is free
+
+
+def test_relocation_moves_a_block_to_a_fresh_page_of_its_own():
+    """Relocation (spec relocate): the block takes a FREE page and gives its old one back, both
+    through the guards; the arena's sweep stays clean."""
+    m = _cached()
+    pk, pool, b, _ = _two_ready(m)
+    a, old = m.arena, pool.phys[b]
+    m.relocate(*pk, b)
+    new = pool.phys[b]
+    assert new != old and a.owner_of(new) == (*pk, b) and a.owner_of(old)[0] == spec_arena.NO_KIND
+    assert a.check(m.pools) == []
+    m.check_invariants()

@@ -164,7 +164,7 @@ class Arena:
         for page in range(self.num_pages):
             kind, group, block = self.owner_of(page)
             if not page_owner_ok(self.page_state[page], kind):
-                bad.append(("free-page-owned", page, self.page_state[page], self.owner[page]))
+                bad.append(("page-owner-state", page, self.page_state[page], self.owner[page]))
             if kind != NO_KIND:
                 owned.setdefault(((kind, group), block), []).append(page)
         n_owned, n_held = sum(map(len, owned.values())), 0

@@ -100,3 +100,13 @@ def test_relocation_moves_a_block_to_a_fresh_page_of_its_own():
     assert new != old and a.owner_of(new) == (*pk, b) and a.owner_of(old)[0] == spec_arena.NO_KIND
     assert a.check(m.pools) == []
     m.check_invariants()
+
+
+def test_check_applies_the_spec_page_rule():
+    """Arena.check calls spec.arena.page_owner_ok: a FREE page naming an owner is reported."""
+    m = _cached()
+    a = m.arena
+    assert a.check(m.pools) == []
+    page = a.free[0]
+    a.owner[page], a.owner_block[page] = ("comp", "csa"), 0      # seeded: owner left behind
+    assert ("page-owner-state", page, spec_arena.PAGE_FREE, ("comp", "csa")) in a.check(m.pools)

@@ -8,11 +8,13 @@ is an as_strided view ``[n_layers, num_pages, rows, dim]`` whose page stride is 
 a block table's slot IS the arena page id, one id space for every kind (vLLM's single
 block-id space).
 
-State routing, page by page: a page belongs to exactly one pool key from the moment its block
-leaves FREE to the moment the block returns to FREE (``ArenaPool._moved``: every path, evict,
-reject, drop_stale, load_bad); only a FREE page gets a new owner (``take``/``give`` refuse
-anything else); a FREE block holds no page (``phys[b] == NO_PAGE``).  Logical block ids stay
-per pool (each pool keeps ``num_pages`` spec records).
+State routing, page by page (``spec.arena``, proven over every pool's block machine in
+``proofs.arena``): a page belongs to exactly one block of one pool key from the moment the
+block leaves FREE to the moment it returns to FREE (``ArenaPool._moved``: every path, evict,
+reject, drop_stale, load_bad); only a FREE page gets a new owner and only its owner gives it
+back: ``take``/``give`` call the spec's ``can_take``/``can_give`` and refuse anything else; a
+FREE block holds no page (``phys[b] == NO_PAGE``).  Logical block ids stay per pool (each pool
+keeps ``num_pages`` spec records).
 
 What moves between kinds is capacity: admission counts total pages against free pages plus
 every pool's takeable cached blocks; when pages are short the arena picks the pool that gives
@@ -27,10 +29,13 @@ from hybridkv.cache.storage import DTYPES
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
 from hybridkv.layout import ITEMSIZE, slot_bytes
+from spec.arena import (NO_KIND, PAGE_FREE, PAGE_OWNED, block_pages_ok, can_give, can_take,
+                        page_owner_ok)
 from spec.common import FREE
 from spec.funnel import GPU_BLOCK_ALIGN
 
 NO_PAGE = -1            # phys[b] of a FREE block: it holds no page
+NOBODY = (NO_KIND, None, NO_PAGE)   # (kind, group, block) of a FREE page's owner: none
 COVERED = 6             # record field after the common six: the position a block covers (h / hi)
 
 
@@ -46,9 +51,10 @@ class Arena:
         raw = torch.empty(total + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
         start = (-raw.data_ptr()) % GPU_BLOCK_ALIGN
         self.buffer = raw[start:start + total]               # every page starts aligned
+        self.page_state = bytearray([PAGE_FREE]) * num_pages  # spec.arena PAGE_FREE / PAGE_OWNED
         self.owner = [None] * num_pages                      # page -> pool key, None while free
+        self.owner_block = [NO_PAGE] * num_pages             # page -> block of that pool holding it
         self.free = list(range(num_pages - 1, -1, -1))       # stack of free pages
-        self.is_free_page = bytearray(b"\x01") * num_pages
         self.pages_held = {}                                 # pool key -> pages it owns
 
     @property
@@ -78,26 +84,38 @@ class Arena:
         return out
 
     # -- pages change owner only while FREE ----------------------------------------------------
-    def take(self, pool_key):
-        """A free page now owned by ``pool_key`` (its block just left FREE)."""
+    def take(self, pool_key, block):
+        """The free page on top of the free list, now owned by block ``block`` of pool
+        ``pool_key`` (which just left FREE).  ``spec.arena.can_take`` refuses a page that is
+        not FREE (a free list naming a held page) and nothing changes."""
         if not self.free:
             raise InvariantViolation("arena_pages", "no free page: admission reserves them")
-        page = self.free.pop()
-        if not self.is_free_page[page] or self.owner[page] is not None:
-            raise InvariantViolation("arena_routing", ("page taken twice", page,
-                                                       self.owner[page], pool_key))
-        self.is_free_page[page], self.owner[page] = 0, pool_key
+        page = self.free[-1]
+        if not can_take(self.page_state[page]):
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key, block))
+        self.free.pop()
+        self.page_state[page], self.owner[page], self.owner_block[page] = \
+            PAGE_OWNED, pool_key, block
         self.pages_held[pool_key] += 1
         return page
 
-    def give(self, pool_key, page):
-        """Page ``page`` is free again (its block returned to FREE in pool ``pool_key``)."""
-        if self.is_free_page[page] or self.owner[page] != pool_key:
+    def give(self, pool_key, block, page):
+        """Page ``page`` is free again: block ``block`` of pool ``pool_key`` returned to FREE
+        (or moved).  ``spec.arena.can_give`` refuses a give by anyone but the page's owner (a
+        FREE page has none) and nothing changes."""
+        if not can_give(*self.owner_of(page), *pool_key, block):
             raise InvariantViolation("arena_routing", ("page given back by a non-owner", page,
-                                                       self.owner[page], pool_key))
-        self.is_free_page[page], self.owner[page] = 1, None
+                                                       self.owner_of(page), pool_key, block))
+        self.page_state[page], self.owner[page], self.owner_block[page] = \
+            PAGE_FREE, None, NO_PAGE
         self.pages_held[pool_key] -= 1
         self.free.append(page)
+
+    def owner_of(self, page):
+        """(kind, group, block) owning ``page``; ``NOBODY`` while it is FREE."""
+        key = self.owner[page]
+        return NOBODY if key is None else (*key, self.owner_block[page])
 
     # -- capacity across kinds ----------------------------------------------------------------
     def available(self, pools, evictor):
@@ -135,28 +153,37 @@ class Arena:
 
     # -- checks and stats -----------------------------------------------------------------------
     def check(self, pools):
-        """Problems (empty list = sound): every held block's page is owned by its pool, no
-        page is held twice, a FREE block holds no page, free pages have no owner and sit on
-        the free list once, the per-owner counts agree."""
-        bad, holder = [], {}
+        """Problems (empty list = sound).  The spec's state routing (``spec.arena_system``:
+        ``arena_routing``, ``arena_accounting``, ``page_count``), through its per-page and
+        per-block rules: a FREE page has no owner and an OWNED one has one, every non-FREE
+        block owns exactly one page and a FREE block none, owned pages == non-FREE blocks.
+        And the runtime's own bookkeeping: a block's slot names the page it owns (so no page
+        is held twice), a FREE block holds no slot, free pages sit on the free list once,
+        the per-owner counts agree."""
+        bad, owned = [], {}
+        for page in range(self.num_pages):
+            kind, group, block = self.owner_of(page)
+            if not page_owner_ok(self.page_state[page], kind):
+                bad.append(("page-owner-state", page, self.page_state[page], self.owner[page]))
+            if kind != NO_KIND:
+                owned.setdefault(((kind, group), block), []).append(page)
+        n_owned, n_held = sum(map(len, owned.values())), 0
         for pk, pool in pools.items():
             for b, rec in enumerate(pool.recs):
-                page = pool.phys[b]
+                pages, page = owned.pop((pk, b), []), pool.phys[b]
+                n_held += rec.st != FREE
+                if not block_pages_ok(rec.st, len(pages)):
+                    bad.append(("block-pages", pk, b, rec.st, pages))
                 if rec.st == FREE:
                     if page != NO_PAGE:
                         bad.append(("page-of-free-block", pk, b, page))
-                elif page in holder:
-                    bad.append(("page-held-twice", page, holder[page], (pk, b)))
-                elif page == NO_PAGE or self.owner[page] != pk or self.is_free_page[page]:
+                elif page not in pages:
                     bad.append(("page-owner", pk, b, page))
-                holder.setdefault(page, (pk, b))
-        if sorted(self.free) != [p for p in range(self.num_pages) if self.is_free_page[p]]:
-            bad.append(("free-list", len(self.free)))
-        for page in range(self.num_pages):
-            if self.is_free_page[page] and (self.owner[page] is not None or page in holder):
-                bad.append(("free-page-owned", page, self.owner[page], holder.get(page)))
-            if not self.is_free_page[page] and page not in holder:
-                bad.append(("page-leaked", page, self.owner[page]))
+        if owned or n_owned != n_held:
+            bad.append(("page-leaked", n_owned, n_held, sorted(owned)[:3]))
+        if n_owned + len(self.free) != self.num_pages or sorted(self.free) != [
+                p for p in range(self.num_pages) if self.page_state[p] == PAGE_FREE]:
+            bad.append(("free-list", len(self.free), n_owned))
         held = {pk: sum(o == pk for o in self.owner) for pk in self.pages_held}
         if held != self.pages_held:
             bad.append(("pages-held", self.pages_held, held))
@@ -201,24 +228,24 @@ class ArenaPool(Pool):
     def _moved(self, b, old, new):
         super()._moved(b, old, new)
         if old == FREE:
-            self.phys[b] = self.arena.take(self.key)
+            self.phys[b] = self.arena.take(self.key, b)
         elif new == FREE:
-            self.arena.give(self.key, self.phys[b])
+            self.arena.give(self.key, b, self.phys[b])
             self.phys[b] = NO_PAGE
 
-    def _fresh_slot(self, st):
+    def _fresh_slot(self, b, st):
         if not self.arena.n_free:
             raise TransitionRefused(self.kind, st, "relocate")
-        return self.arena.take(self.key)
+        return self.arena.take(self.key, b)
 
-    def _retire_slot(self, slot):
-        self.arena.give(self.key, slot)
+    def _retire_slot(self, b, slot):
+        self.arena.give(self.key, b, slot)
 
     def _check_slots(self):
         return []                             # pages: Arena.check, over every pool at once
 
     def check_blocks(self, blocks):
-        """Pool.check_blocks, and: a held block's page is owned by this pool and not free, a
+        """Pool.check_blocks, and: a held block's page is owned by this block of this pool, a
         FREE block holds no page."""
         bad, arena = super().check_blocks(blocks), self.arena
         for b in blocks:
@@ -226,7 +253,7 @@ class ArenaPool(Pool):
             if self.recs[b].st == FREE:
                 if page != NO_PAGE:
                     bad.append(("page-of-free-block", b, page))
-            elif page == NO_PAGE or arena.owner[page] != self.key or arena.is_free_page[page]:
+            elif page == NO_PAGE or arena.owner_of(page) != (*self.key, b):
                 bad.append(("page-owner", b, page))
         return bad
 

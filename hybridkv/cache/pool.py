@@ -271,18 +271,18 @@ class Pool:
         """Move block b's rows to the spare slot (its address changes), spec ``relocate``."""
         rec = self.recs[b]
         self.table.fire(rec.st, "relocate", rec, self.ctx)      # refuse before copying
-        old, new = self.phys[b], self._fresh_slot(rec.st)
+        old, new = self.phys[b], self._fresh_slot(b, rec.st)
         for t in self.data.values():
             t[:, new].copy_(t[:, old])
         self.phys[b] = new
-        self._retire_slot(old)
+        self._retire_slot(b, old)
         return self.fire(b, "relocate")
 
-    def _fresh_slot(self, st):
-        """The slot a relocation moves to: the spare."""
+    def _fresh_slot(self, b, st):
+        """The slot block b's relocation moves to: the spare."""
         return self.spare
 
-    def _retire_slot(self, slot):
+    def _retire_slot(self, b, slot):
         """The slot a relocation left becomes the spare."""
         self.spare = slot
 

@@ -1,5 +1,6 @@
 """`hybridkv prove`: Z3 proofs of the spec's invariants (BMC + k-induction), vacuity, and
-guard mutation.  Exit status 1 on any violated/unknown invariant or unreachable action."""
+guard mutation; state routing over the block arena (proofs.arena: its rows and guard mutants
+beside the system's).  Exit status 1 on any violated/unknown invariant or unreachable action."""
 import glob
 import json
 import os
@@ -84,8 +85,21 @@ def _save(report, out):
         tr.save(t, os.path.join(out, f"cti_{n}_{t['invariant'].replace(':', '_')}.json"))
 
 
+def _with_arena(report, st, tick):
+    """State routing over the block arena (proofs.arena, BMC to the same depth + 1-induction):
+    its rows beside the invariants, its guard mutants beside the system's."""
+    from proofs.arena import mutate_arena, prove_arena
+    rows, ctis = prove_arena(depth=st.depth, budget_s=st.bmc_budget)
+    tick("arena")
+    report.invariants.extend(rows)
+    report.ctis.extend(ctis)
+    if st.mutation:
+        report.mutations.extend(mutate_arena(only=st.only))
+
+
 def _parametric(args, tick):
     from proofs.mutate import mutants
+    from proofs.arena_sizes import mutate_all_sizes, prove_all_sizes
     from proofs.parametric import mutate_parametric, prove_parametric
     from proofs.run import FAST
     ms = int(args.fact_timeout * 1000)
@@ -99,7 +113,15 @@ def _parametric(args, tick):
            "mutations": {"killed": sum(m["result"] == "killed" for m in muts),
                          "total": len(muts), "results": muts},
            "config": {k: v for k, v in FAST._asdict().items() if not k.startswith("n_")}}
-    ok = all(f.result == "proven-all-sizes" for f in facts)
+    arena, arena_built = prove_all_sizes(timeout_ms=ms)
+    out["parametric"] += [f.as_json() for f in arena]
+    out["build_seconds"] = round(built + arena_built, 3)
+    if not args.no_mutation:
+        arena_muts = mutate_all_sizes(timeout_ms=ms, only=tuple(args.mutant))
+        out["mutations"]["results"] += arena_muts
+        out["mutations"]["killed"] += sum(m["result"] == "killed" for m in arena_muts)
+        out["mutations"]["total"] += len(arena_muts)
+    ok = all(f.result == "proven-all-sizes" for f in facts + arena)
     return out, ok
 
 
@@ -132,6 +154,7 @@ def run(args):
             out, ok = _parametric(args, tick)
         else:
             report = prove(c, st, tick, mutation_config=FAST if args.deep else None)
+            _with_arena(report, st, tick)
     finally:
         bar.close()
     if args.parametric:

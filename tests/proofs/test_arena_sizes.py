@@ -43,9 +43,11 @@ def test_prove_parametric_command_adds_the_arena_facts(monkeypatch):
 
     from hybridkv.commands import prove
     from proofs import parametric
+    monkeypatch.setattr(parametric, "PEncoding", lambda c: None)
     monkeypatch.setattr(parametric, "prove_parametric", lambda *a, **k: ([], 0.0))
-    out, ok = prove._parametric(Namespace(fact_timeout=30.0, no_mutation=True, mutant=[]),
-                                lambda *_: None)
-    assert ok and [(r["name"], r["result"]) for r in out["parametric"]] == [
+    out, ok, muts = prove._parametric(Namespace(fact_timeout=30.0, no_mutation=True, mutant=[],
+                                                mutate=False, seed_traces=None),
+                                      lambda *_: None)
+    assert ok and muts == [] and [(r["name"], r["result"]) for r in out["parametric"]] == [
         (n, "proven-all-sizes") for n in FACTS]
-    assert "arena_routing" in prove._parametric_table(out)
+    assert "arena_routing" in prove._parametric_table(out, muts)

@@ -17,10 +17,10 @@ class Metrics:
         self._lock = threading.Lock()
         self._registry = None
 
-    def transition(self, kind, a, b):
+    def transition(self, kind, a, b, n=1):
         k = (kind, a, b)
         t = self.transitions
-        t[k] = t.get(k, 0) + 1
+        t[k] = t.get(k, 0) + n
 
     def lookup(self, plan):
         k = (plan.outcome, plan.reason)

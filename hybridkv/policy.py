@@ -104,7 +104,8 @@ class ValuePolicy:
         return key in self._e
 
     def _cls(self, e: _Entry) -> tuple:
-        return (e.meta.kind, e.meta.tag, min(e.uses, MAX_USES_CLASS))
+        uses = e.uses if e.uses < MAX_USES_CLASS else MAX_USES_CLASS
+        return (e.meta.kind, e.meta.tag, uses)
 
     def reuse_probability(self, cls: tuple) -> float:
         if not self.learn:

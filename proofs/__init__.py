@@ -10,7 +10,9 @@ Tiers:
   fast  ``pytest tests/test_proofs.py tests/test_proofs_golden.py`` (default test run)
   CLI   ``hybridkv prove [--json] [--jobs 2]``           fast configuration, with mutation
   deep  ``hybridkv prove --deep --jobs 2``  and  ``pytest -m slow tests/test_proofs_deep.py``
-  parametric  ``hybridkv prove --parametric [--json]`` (``pstate``, ``parametric``): every
-        size at once; ``tests/proofs/test_proofs_parametric.py``
+  parametric  ``hybridkv prove --parametric [--mutate] [--json]`` (``pstate``, ``parametric``;
+        ``finite`` and ``cti``: finite CTIs of steps not proven and a concrete trace at their
+        sizes; ``pmutate``: guard mutation on this tier): every size at once;
+        ``tests/proofs/test_proofs_parametric*.py``
   replay ``hybridkv replay-trace tests/golden/*.json``
 """

@@ -90,12 +90,13 @@ class _Replace(ast.NodeTransformer):
 
 
 @contextlib.contextmanager
-def applied(mutant):
-    """Run the block with ``mutant`` in force (None: no mutant)."""
+def applied(mutant, guards=None):
+    """Run the block with ``mutant`` in force (None: no mutant); ``guards``: the registry it
+    names a guard of (default ``spec.GUARDS``; ``spec.arena.GUARDS`` for the arena's)."""
     if mutant is None:
         yield None
         return
-    fn = spec.GUARDS.get(mutant.guard)
+    fn = (guards or spec.GUARDS).get(mutant.guard)
     if fn is None:
         raise MutantError("unknown guard", mutant.guard)
     tree = _tree(fn)

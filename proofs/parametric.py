@@ -10,8 +10,12 @@ free constants of their sort.  The strengthening S = ``spec.INVARIANTS`` +
 ``proven-all-sizes`` when Z3 shows it holds in the initial state of every size and that
 S and T imply it after the step (unsat of the negation, quantifiers by MBQI and
 E-matching).  Otherwise it is ``bounded-only`` (what the FAST and DEEP tiers prove), with
-the reason, never rounded up: a CTI (S is not inductive as stated) or Z3 giving up.
+the reason, never rounded up: a CTI (S is not inductive as stated) or Z3 giving up.  A step
+that is not proven is then searched for a finite CTI (``proofs.cti``: every sort bounded to
+a few elements), replayed on plain ints; its sizes say how large a pool the failure needs.
+Guard mutation on this tier is ``proofs.pmutate``.
 """
+import copy
 import time
 from typing import NamedTuple
 
@@ -22,7 +26,9 @@ from spec.aux_facts import PARAMETRIC_AUX
 from spec.invariants import INVARIANTS
 from spec.step import step
 
+from proofs.cti import find_cti
 from proofs.encode import instances
+from proofs.mutate import guards_called
 from proofs.pstate import DISK, GRAPH, OBJ, REQ, NotFirstOrder, Scope, consts
 
 SYMBOLIC = ("i", "p", "H", "ref", "r", "d", "g")   # every element and position argument
@@ -43,6 +49,18 @@ def _arrays(s):
     for key, q in seqs:
         out.update({key + p: a for p, a in q.arrays.items()})
     return out
+
+
+class StepQuery(NamedTuple):
+    """``facts and counts and dom and enabled and goal`` unsat: the step preserves the fact."""
+    facts: list      # S in the pre-state (every fact, closed with ForAll)
+    counts: list     # what is known of the counts: every count before, the moved ones after
+    dom: list        # the position arguments in their range
+    enabled: object  # the action instance's guard (spec.step's enabled)
+    goal: object     # the fact is false after the step
+
+    def formulas(self):
+        return self.facts + self.counts + self.dom + [self.enabled, self.goal]
 
 
 class PEncoding:
@@ -66,17 +84,10 @@ class PEncoding:
         args = dict(i=z3.Const("a!i", OBJ), r=z3.Const("a!r", REQ), d=z3.Const("a!d", DISK),
                     g=z3.Const("a!g", GRAPH), p=z3.Int("a!p"), H=z3.Int("a!H"),
                     ref=tuple(z3.Const(f"a!ref{k}", OBJ) for k in range(len(pre.mem))))
-        self.args, self.inst, self.steps = args, [], []
-        for ins in instances(c, SYMBOLIC):
-            sc.points = []
-            en, s2 = step(pre, c, ins.name, tuple(args[a] if isinstance(a, str) else a
-                                                  for a in ins.args))
-            en, arrays = _bool(en), _arrays(s2)
-            if sc.open_vars(z3.And(en, *[a == a for a in arrays.values()])):
-                raise NotFirstOrder("a guard quantifies over a sequence", ins.name)
-            self.inst.append(ins)
-            self.steps.append((en, arrays, list(sc.points)))
-        self.facts, self.reads = {}, {}
+        self.pre, self.args = pre, args
+        self.inst = instances(c, SYMBOLIC)
+        self.steps = [self._step(ins) for ins in self.inst]   # (enabled, arrays, points)
+        self.facts, self.reads, self._guards = {}, {}, {}
         for frame, s in (("P", pre), ("Q", post), ("I", init)):
             self.facts[frame] = {n: sc.fact(lambda p=p, s=s: p(s, c)) for n, p in props().items()}
         for n, f in self.facts["Q"].items():
@@ -88,21 +99,86 @@ class PEncoding:
         self.axioms = {f: sc.card_axioms(f) for f in ("P", "Q", "I")}
         self.deltas = [sc.deltas(arrays, points) for _, arrays, points in self.steps]
         self.initial = sc.initial_values("I")
-        old, new = sc.frame_arrays["P"], sc.frame_arrays["Q"]
-        self.changed = [{str(new[p]) for p in new if not arrays[p].eq(old[p])}
-                        | {f"card{n}!Q" for n in d}
-                        for (_, arrays, _), d in zip(self.steps, self.deltas)]
+        self.changed = [self._changed(a) for a in range(len(self.inst))]
+
+    def _step(self, ins):
+        """(enabled, post-state arrays, element points stored at) of one action instance,
+        by ``spec.step`` with the guards in force now."""
+        sc = self.scope
+        sc.points = []
+        en, s2 = step(self.pre, self.c, ins.name, tuple(self.args[a] if isinstance(a, str)
+                                                        else a for a in ins.args))
+        en, arrays = _bool(en), _arrays(s2)
+        if sc.open_vars(z3.And(en, *[a == a for a in arrays.values()])):
+            raise NotFirstOrder("a guard quantifies over a sequence", ins.name)
+        return en, arrays, list(sc.points)
+
+    def _changed(self, a):
+        """Names of the post-state arrays and counts instance ``a`` may write."""
+        old, new = self.scope.frame_arrays["P"], self.scope.frame_arrays["Q"]
+        arrays = self.steps[a][1]
+        return ({str(new[p]) for p in new if not arrays[p].eq(old[p])}
+                | {f"card{n}!Q" for n in self.deltas[a]})
+
+    def variant(self, actions):
+        """A copy whose steps of the instance numbers ``actions`` are rebuilt with the
+        guards in force now (a guard mutant applied); the other steps, the facts and the
+        counts are this encoding's.  Cheap: only those instances run ``spec.step``."""
+        out = copy.copy(self)
+        out.steps, out.deltas, out.changed = list(self.steps), list(self.deltas), list(self.changed)
+        sc = self.scope
+        n_cards = len(sc.cards)
+        dual.set_width(None)
+        dual.set_counter(sc.count)
+        try:
+            for a in actions:
+                out.steps[a] = out._step(self.inst[a])
+        finally:
+            dual.set_counter(None)
+        if len(sc.cards) != n_cards:     # a mutant counted something new: every count again
+            out.axioms = {f: sc.card_axioms(f) for f in ("P", "Q", "I")}
+            out.deltas = [sc.deltas(arrays, points) for _, arrays, points in out.steps]
+            out.changed = [out._changed(a) for a in range(len(out.inst))]
+        else:
+            for a in actions:
+                _, arrays, points = out.steps[a]
+                out.deltas[a] = sc.deltas(arrays, points)
+                out.changed[a] = out._changed(a)
+        return out
+
+    def calls(self, a):
+        """Names of the spec guards (keys of spec.GUARDS) instance ``a``'s step calls, and
+        those the facts call (a mutant of such a guard would change a fact): found once per
+        instance by running its step again under a profiler."""
+        if a not in self._guards:
+            sc = self.scope
+            dual.set_width(None)
+            dual.set_counter(sc.count)
+            try:
+                if "facts" not in self._guards:
+                    self._guards["facts"] = guards_called(
+                        lambda: [p(self.pre, self.c) for p in props().values()])
+                self._guards[a] = guards_called(lambda: self._step(self.inst[a]))
+            finally:
+                dual.set_counter(None)
+        return self._guards[a] | self._guards["facts"]
+
+    def users(self, guard, among=None):
+        """Instance numbers (of ``among``, default all) whose step calls spec guard
+        ``guard``: the steps a mutant of it changes."""
+        return [a for a in (range(len(self.inst)) if among is None else among)
+                if guard in self.calls(a)]
 
     def base(self, name, timeout_ms=0):
         """Z3's verdict on: some initial state (any size) violates fact ``name``."""
         return check(self.initial + self.axioms["I"] + [z3.Not(self.facts["I"][name])],
                       timeout_ms)
 
-    def step_query(self, name, a, lean=False):
-        """The formulas whose unsat is: S and action instance ``a`` imply ``name`` after it;
-        None when the action writes nothing the fact reads (it holds after as before).
-        ``lean`` leaves out what is known of the counts the fact does not read (fewer
-        quantifiers: often faster, sometimes too weak)."""
+    def step_parts(self, name, a, lean=False):
+        """The induction step of fact ``name`` over action instance ``a`` as a
+        ``StepQuery``; None when the action writes nothing the fact reads (it holds after
+        as before).  ``lean`` leaves out what is known of the counts the fact does not
+        read (fewer quantifiers: often faster, sometimes too weak)."""
         # a conjunct that reads nothing the step writes is its own assumed pre-state twin
         parts = [f for f, names in self.reads[name] if names & self.changed[a]]
         if not parts:
@@ -123,26 +199,39 @@ class PEncoding:
         ax = [z3.substitute(f, *sub) for n, f in zip(need, self.axioms["Q"]) if n]
         upd = [f for n, f in zip(need, self.scope.update_axioms(moved)) if n]
         dom = [z3.And(x >= 1, x <= self.c.max_pos) for x in (self.args["p"], self.args["H"])]
-        return (list(self.facts["P"].values()) + self.axioms["P"] + ax + upd + dom
-                + [en, z3.Not(post)])
+        return StepQuery(list(self.facts["P"].values()), self.axioms["P"] + ax + upd, dom, en,
+                         z3.Not(post))
+
+    def step_query(self, name, a, lean=False):
+        """The formulas whose unsat is: S and action instance ``a`` imply ``name`` after it
+        (``step_parts`` as one list); None when the action cannot change the fact."""
+        q = self.step_parts(name, a, lean)
+        return None if q is None else q.formulas()
+
+    def prove_step(self, name, a, timeout_ms=0):
+        """Z3's verdict on: S and one step of instance ``a`` reach a state violating
+        ``name`` (unsat: the step is proven; sat: a CTI, maybe infinite; unknown: Z3 gave
+        up); None when the step cannot change the fact."""
+        full = self.step_query(name, a)
+        if full is None:
+            return None
+        # sat is trusted only from the full query (the lean one drops true assumptions)
+        r = check(full, 5_000, mbqi=False)
+        r = r if r == z3.unsat else check(full, min(timeout_ms or 15_000, 15_000))
+        if r != z3.unsat:
+            lean = self.step_query(name, a, lean=True)
+            r2 = check(lean, 5_000, mbqi=False)
+            r2 = r2 if r2 == z3.unsat else check(lean, timeout_ms)
+            r = r2 if r2 == z3.unsat or r != z3.sat else r
+        return r
 
     def induction(self, name, timeout_ms=0):
-        """Z3's verdict on: S and one step of some action reach a state violating ``name``
-        (sat, unknown or unsat, and the action of the first that is not unsat)."""
+        """(verdict, instance number) of the first step of ``name`` that is not proven, or
+        (unsat, None) when every step is."""
         for a in range(len(self.inst)):
-            full = self.step_query(name, a)
-            if full is None:
-                continue
-            # sat is trusted only from the full query (the lean one drops true assumptions)
-            r = check(full, 5_000, mbqi=False)
-            r = r if r == z3.unsat else check(full, min(timeout_ms or 15_000, 15_000))
-            if r != z3.unsat:
-                lean = self.step_query(name, a, lean=True)
-                r2 = check(lean, 5_000, mbqi=False)
-                r2 = r2 if r2 == z3.unsat else check(lean, timeout_ms)
-                r = r2 if r2 == z3.unsat or r != z3.sat else r
-            if r != z3.unsat:
-                return r, self.inst[a].name
+            r = self.prove_step(name, a, timeout_ms)
+            if r is not None and r != z3.unsat:
+                return r, a
         return z3.unsat, None
 
 
@@ -168,30 +257,47 @@ class FactResult(NamedTuple):
     result: str        # proven-all-sizes | bounded-only (proven by the FAST/DEEP tiers alone)
     seconds: float
     detail: str        # why not for all sizes: a CTI (sat) or Z3 giving up, and where
+    cti: object = None  # proofs.cti.Cti: a finite CTI of the step that is not proven
 
     def as_json(self):
-        return {"name": self.name, "result": self.result, "seconds": round(self.seconds, 3),
-                "detail": self.detail}
+        out = {"name": self.name, "result": self.result, "seconds": round(self.seconds, 3),
+               "detail": self.detail}
+        if self.cti is not None:
+            out["cti"] = self.cti.as_json()
+        return out
 
 
-def prove_fact(enc, name, timeout_ms=120_000):
+def prove_fact(enc, name, timeout_ms=120_000, kmax=3):
+    """Fact ``name`` for every size, or ``bounded-only`` with the reason; a step that is
+    not proven is searched for a finite CTI with at most ``kmax`` elements per sort."""
     t0 = time.perf_counter()
     b = enc.base(name, timeout_ms)
     if b != z3.unsat:
         return FactResult(name, "bounded-only", time.perf_counter() - t0,
                           f"{'cti' if b == z3.sat else 'unknown'} in the initial state")
-    r, act = enc.induction(name, timeout_ms)
+    r, a = enc.induction(name, timeout_ms)
     if r == z3.unsat:
         return FactResult(name, "proven-all-sizes", time.perf_counter() - t0, "")
-    return FactResult(name, "bounded-only", time.perf_counter() - t0,
-                      f"{'cti' if r == z3.sat else 'unknown'} after {act}")
+    act = enc.inst[a].name
+    cti = find_cti(enc, [name], a, props(), kmax, timeout_ms)
+    detail = (f"cti after {act} at {size_text(cti.sizes)}" if cti else
+              f"{'cti (no finite one' if r == z3.sat else 'unknown (no cti'} with at most "
+              f"{kmax} per sort) after {act}")
+    return FactResult(name, "bounded-only", time.perf_counter() - t0, detail, cti)
+
+
+def size_text(sizes):
+    """``{"n_obj": 1, ...}`` as ``1 obj/kind, 2 req, 2 disk, 1 graph``."""
+    return (f"{sizes['n_obj']} obj/kind, {sizes['n_req']} req, {sizes['n_disk']} disk, "
+            f"{sizes['n_graph']} graph")
 
 
 def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
-                     stop_at_first=False):
-    """Every fact (or those in ``names``): list of FactResult, plus the build seconds."""
+                     stop_at_first=False, enc=None):
+    """Every fact (or those in ``names``): list of FactResult, plus the build seconds
+    (``enc``: an encoding already built, 0 build seconds)."""
     t0 = time.perf_counter()
-    enc = PEncoding(c)
+    enc = enc or PEncoding(c)
     built = time.perf_counter() - t0
     out = []
     for n in names or list(props()):
@@ -206,28 +312,3 @@ def prove_parametric(c, names=None, timeout_ms=120_000, tick=lambda *_: None,
                           detail=f"inductive relative to S, but not proven: {', '.join(missing)}")
                if r.result == "proven-all-sizes" else r for r in out]
     return out, built
-
-
-def mutate_parametric(c, todo, baseline, timeout_ms=60_000, tick=lambda *_: None):
-    """Each guard mutant on the parametric tier: ``killed`` when some fact is no longer
-    proven for all sizes (a CTI, or Z3 giving up where the unmutated proof succeeds),
-    ``redundant`` when every fact stays proven (the conjunct provably does not matter at any
-    size), ``unused`` when the model never calls the guard.  Only the ``baseline`` facts
-    (those the unmutated spec proves at this timeout) are checked.  Returns dicts."""
-    from proofs.mutate import applied, guards_called
-    used = guards_called(lambda: PEncoding(c))
-    out = []
-    for m in todo:
-        t0 = time.perf_counter()
-        if m.guard not in used:
-            out.append(dict(mutant=m.name, result="unused", fact="", seconds=0.0))
-            continue
-        with applied(m):
-            res, _ = prove_parametric(c, names=baseline, timeout_ms=timeout_ms,
-                                      stop_at_first=True)
-        bad = [r for r in res if r.result != "proven-all-sizes"]
-        out.append(dict(mutant=m.name, result="killed" if bad else "redundant",
-                        fact=f"{bad[0].name} ({bad[0].result} {bad[0].detail})" if bad else "",
-                        seconds=round(time.perf_counter() - t0, 1)))
-        tick(f"mutant {m.name}: {out[-1]['result']}")
-    return out

@@ -227,7 +227,8 @@ class Scope:
             self.cards[key] = Card(canon_x, canon_o, pred, len(self.cards))
         return self.cards[key].func(frame)(*outer)
 
-    def _pred(self, card, arrays, x=None):
+    def card_pred(self, card, arrays, x=None):
+        """Count ``card``'s predicate on the state ``arrays`` (leaf path -> array), at ``x``."""
         sub = [(self.paths[p], arrays[p]) for p in self.paths]
         if x is not None:
             sub.append((card.x, x))
@@ -239,7 +240,7 @@ class Scope:
         out, arrays = [], self.frame_arrays[frame]
         for card in self.cards.values():
             f = card.func(frame)(*card.outer)
-            ax = z3.And(f >= 0, (f >= 1) == z3.Exists([card.x], self._pred(card, arrays)))
+            ax = z3.And(f >= 0, (f >= 1) == z3.Exists([card.x], self.card_pred(card, arrays)))
             out.append(z3.ForAll(card.outer, ax) if card.outer else ax)
         return out
 
@@ -275,7 +276,7 @@ class Scope:
         for sort, p in points:
             if sort == card.x.sort() and not any(p.eq(q) for q in pts):
                 pts.append(p)
-        before, after = self._pred(card, old), self._pred(card, new)
+        before, after = self.card_pred(card, old), self.card_pred(card, new)
         sol = z3.Solver()
         sol.add(*[card.x != p for p in pts], before != after)
         if sol.check() != z3.unsat:
@@ -283,8 +284,8 @@ class Scope:
         d = 0
         for j, p in enumerate(pts):
             fresh = z3.And(*[p != q for q in pts[:j]])
-            gain = (z3.If(self._pred(card, new, p), 1, 0)
-                    - z3.If(self._pred(card, old, p), 1, 0))
+            gain = (z3.If(self.card_pred(card, new, p), 1, 0)
+                    - z3.If(self.card_pred(card, old, p), 1, 0))
             d = d + z3.If(fresh, gain, 0)
         return d
 

@@ -45,28 +45,37 @@ def _num(x):
     return z3.IntVal(x) if _WIDTH[0] is None else z3.BitVecVal(x, _WIDTH[0])
 
 
+_FAST = frozenset((bool, int))     # plain for sure: no isinstance test needed
+
+
 def is_plain(*xs):
     """Every value is a plain Python one (neither a Z3 term nor a numpy column)."""
     for x in xs:
-        if isinstance(x, _SPECIAL):
+        if type(x) not in _FAST and isinstance(x, _SPECIAL):
             return False
     return True
 
 
 def And(*xs):
-    if is_plain(*xs):
+    for x in xs:                        # is_plain, inlined: guards call And on the hot path
+        if type(x) not in _FAST and isinstance(x, _SPECIAL):
+            break
+    else:
         return all(xs)
     return z3.And(*xs) if is_sym(*xs) else reduce(np.logical_and, xs)
 
 
 def Or(*xs):
-    if is_plain(*xs):
+    for x in xs:
+        if type(x) not in _FAST and isinstance(x, _SPECIAL):
+            break
+    else:
         return any(xs)
     return z3.Or(*xs) if is_sym(*xs) else reduce(np.logical_or, xs)
 
 
 def Not(x):
-    if is_plain(x):
+    if type(x) in _FAST or not isinstance(x, _SPECIAL):
         return not x
     return z3.Not(x) if is_sym(x) else np.logical_not(x)
 
@@ -78,7 +87,7 @@ def Implies(a, b):
 
 
 def If(c, a, b):
-    if is_plain(c):
+    if type(c) in _FAST or not isinstance(c, _SPECIAL):
         return a if c else b
     return z3.If(c, _num(a), _num(b)) if is_sym(c) else np.where(c, a, b)
 

@@ -8,11 +8,13 @@ is an as_strided view ``[n_layers, num_pages, rows, dim]`` whose page stride is 
 a block table's slot IS the arena page id, one id space for every kind (vLLM's single
 block-id space).
 
-State routing, page by page: a page belongs to exactly one pool key from the moment its block
-leaves FREE to the moment the block returns to FREE (``ArenaPool._moved``: every path, evict,
-reject, drop_stale, load_bad); only a FREE page gets a new owner (``take``/``give`` refuse
-anything else); a FREE block holds no page (``phys[b] == NO_PAGE``).  Logical block ids stay
-per pool (each pool keeps ``num_pages`` spec records).
+State routing, page by page (``spec.arena``, proven over every pool's block machine in
+``proofs.arena``): a page belongs to exactly one block of one pool key from the moment the
+block leaves FREE to the moment it returns to FREE (``ArenaPool._moved``: every path, evict,
+reject, drop_stale, load_bad); only a FREE page gets a new owner and only its owner gives it
+back: ``take``/``give`` call the spec's ``can_take``/``can_give`` and refuse anything else; a
+FREE block holds no page (``phys[b] == NO_PAGE``).  Logical block ids stay per pool (each pool
+keeps ``num_pages`` spec records).
 
 What moves between kinds is capacity: admission counts total pages against free pages plus
 every pool's takeable cached blocks; when pages are short the arena picks the pool that gives
@@ -22,10 +24,11 @@ spill on eviction).  Never one global order across kinds.
 
 Blocks of several pages (``block_pages``: pool key -> k): an engine that keeps the bytes itself
 with one id per page-sized unit (vLLM: one KV block id per block_size tokens, while a window
-page spans W'/block_size of them) gives a pool's blocks k page ids each: taken and given back
-together, counted k times by admission and the giver; the block table names the block by its
-first page (its slot), ``pages_of(slot)`` lists all k.  hybridkv's own tensors keep the block's
-rows at its first page (every page is as large as the largest block).
+page spans W'/block_size of them) gives a pool's blocks k page ids each: every one taken and
+given back through the same guards, owned by the block, counted k times by admission and the
+giver (``spec.arena.block_pages_ok`` with k); the block table names the block by its first
+page (its slot), ``pages_of(slot)`` lists all k.  hybridkv's own tensors keep the block's rows
+at its first page (every page is as large as the largest block).
 """
 import torch
 
@@ -34,10 +37,13 @@ from hybridkv.cache.storage import DTYPES
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
 from hybridkv.layout import ITEMSIZE, slot_bytes
+from spec.arena import (NO_KIND, PAGE_FREE, PAGE_OWNED, block_pages_ok, can_give, can_take,
+                        page_owner_ok)
 from spec.common import FREE
 from spec.funnel import GPU_BLOCK_ALIGN
 
 NO_PAGE = -1            # phys[b] of a FREE block: it holds no page
+NOBODY = (NO_KIND, None, NO_PAGE)   # (kind, group, block) of a FREE page's owner: none
 COVERED = 6             # record field after the common six: the position a block covers (h / hi)
 
 
@@ -57,9 +63,10 @@ class Arena:
         raw = torch.empty(total + GPU_BLOCK_ALIGN, dtype=torch.uint8, device=device)
         start = (-raw.data_ptr()) % GPU_BLOCK_ALIGN
         self.buffer = raw[start:start + total]               # every page starts aligned
+        self.page_state = bytearray([PAGE_FREE]) * num_pages  # spec.arena PAGE_FREE / PAGE_OWNED
         self.owner = [None] * num_pages                      # page -> pool key, None while free
+        self.owner_block = [NO_PAGE] * num_pages             # page -> block of that pool holding it
         self.free = list(range(num_pages - 1, -1, -1))       # stack of free pages
-        self.is_free_page = bytearray(b"\x01") * num_pages
         self.pages_held = {}                                 # pool key -> pages it owns
         self.block_pages = block_pages                       # pool key -> pages a block takes
         self.more_pages = {}                                 # first page -> the block's others
@@ -102,36 +109,48 @@ class Arena:
         return [page, *self.more_pages.get(page, ())]
 
     # -- pages change owner only while FREE ----------------------------------------------------
-    def take(self, pool_key):
-        """A block's free pages, now owned by ``pool_key`` (its block just left FREE): the
-        first one (the block's slot)."""
+    def take(self, pool_key, block):
+        """The free pages on top of the free list (``pages_per_block``), now owned by block
+        ``block`` of pool ``pool_key`` (which just left FREE): the first one, its slot.
+        ``spec.arena.can_take`` refuses a page that is not FREE (a free list naming a held
+        page) and nothing changes."""
         k = self.pages_per_block(pool_key)
         if len(self.free) < k:
             raise InvariantViolation("arena_pages", "no free page: admission reserves them")
-        pages = [self._take_page(pool_key) for _ in range(k)]
+        pages = self.free[-k:][::-1]
+        for page in pages:
+            if not can_take(self.page_state[page]):
+                raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                           self.owner_of(page), pool_key,
+                                                           block))
+        del self.free[-k:]
+        for page in pages:
+            self.page_state[page], self.owner[page], self.owner_block[page] = \
+                PAGE_OWNED, pool_key, block
+        self.pages_held[pool_key] += k
         if k > 1:
             self.more_pages[pages[0]] = pages[1:]
         return pages[0]
 
-    def _take_page(self, pool_key):
-        page = self.free.pop()
-        if not self.is_free_page[page] or self.owner[page] is not None:
-            raise InvariantViolation("arena_routing", ("page taken twice", page,
-                                                       self.owner[page], pool_key))
-        self.is_free_page[page], self.owner[page] = 0, pool_key
-        self.pages_held[pool_key] += 1
-        return page
-
-    def give(self, pool_key, page):
-        """The block whose first page is ``page`` returned to FREE in pool ``pool_key``: its
-        pages are free again."""
-        for p in [page, *self.more_pages.pop(page, ())]:
-            if self.is_free_page[p] or self.owner[p] != pool_key:
-                raise InvariantViolation("arena_routing", ("page given back by a non-owner",
-                                                           p, self.owner[p], pool_key))
-            self.is_free_page[p], self.owner[p] = 1, None
-            self.pages_held[pool_key] -= 1
+    def give(self, pool_key, block, page):
+        """The pages of the block whose slot is ``page`` are free again: block ``block`` of
+        pool ``pool_key`` returned to FREE (or moved).  ``spec.arena.can_give`` refuses a give
+        by anyone but a page's owner (a FREE page has none) and nothing changes."""
+        pages = self.pages_of(page)
+        for p in pages:
+            if not can_give(*self.owner_of(p), *pool_key, block):
+                raise InvariantViolation("arena_routing", ("page given back by a non-owner", p,
+                                                           self.owner_of(p), pool_key, block))
+        self.more_pages.pop(page, None)
+        for p in pages:
+            self.page_state[p], self.owner[p], self.owner_block[p] = PAGE_FREE, None, NO_PAGE
             self.free.append(p)
+        self.pages_held[pool_key] -= len(pages)
+
+    def owner_of(self, page):
+        """(kind, group, block) owning ``page``; ``NOBODY`` while it is FREE."""
+        key = self.owner[page]
+        return NOBODY if key is None else (*key, self.owner_block[page])
 
     # -- capacity across kinds ----------------------------------------------------------------
     def available(self, pools, evictor):
@@ -169,30 +188,37 @@ class Arena:
 
     # -- checks and stats -----------------------------------------------------------------------
     def check(self, pools):
-        """Problems (empty list = sound): every held block's page is owned by its pool, no
-        page is held twice, a FREE block holds no page, free pages have no owner and sit on
-        the free list once, the per-owner counts agree."""
-        bad, holder = [], {}
+        """Problems (empty list = sound).  The spec's state routing (``spec.arena_system``:
+        ``arena_routing``, ``arena_accounting``, ``page_count``), through its per-page and
+        per-block rules: a FREE page has no owner and an OWNED one has one, every non-FREE
+        block owns exactly its pages (one, or its pool's ``block_pages``) and a FREE block
+        none, owned pages == the non-FREE blocks' pages.  And the runtime's own bookkeeping: a
+        block's slot names the pages it owns (so no page is held twice), a FREE block holds no
+        slot, free pages sit on the free list once, the per-owner counts agree."""
+        bad, owned = [], {}
+        for page in range(self.num_pages):
+            kind, group, block = self.owner_of(page)
+            if not page_owner_ok(self.page_state[page], kind):
+                bad.append(("page-owner-state", page, self.page_state[page], self.owner[page]))
+            if kind != NO_KIND:
+                owned.setdefault(((kind, group), block), []).append(page)
+        n_owned, n_held = sum(map(len, owned.values())), 0
         for pk, pool in pools.items():
             for b, rec in enumerate(pool.recs):
-                page = pool.phys[b]
+                pages, page = owned.pop((pk, b), []), pool.phys[b]
+                n_held += (rec.st != FREE) * self.pages_per_block(pk)
+                if not block_pages_ok(rec.st, len(pages), self.pages_per_block(pk)):
+                    bad.append(("block-pages", pk, b, rec.st, pages))
                 if rec.st == FREE:
                     if page != NO_PAGE:
                         bad.append(("page-of-free-block", pk, b, page))
-                    continue
-                for p in self.pages_of(page) if page != NO_PAGE else [page]:
-                    if p in holder:
-                        bad.append(("page-held-twice", p, holder[p], (pk, b)))
-                    elif p == NO_PAGE or self.owner[p] != pk or self.is_free_page[p]:
-                        bad.append(("page-owner", pk, b, p))
-                    holder.setdefault(p, (pk, b))
-        if sorted(self.free) != [p for p in range(self.num_pages) if self.is_free_page[p]]:
-            bad.append(("free-list", len(self.free)))
-        for page in range(self.num_pages):
-            if self.is_free_page[page] and (self.owner[page] is not None or page in holder):
-                bad.append(("free-page-owned", page, self.owner[page], holder.get(page)))
-            if not self.is_free_page[page] and page not in holder:
-                bad.append(("page-leaked", page, self.owner[page]))
+                elif page not in pages or sorted(self.pages_of(page)) != sorted(pages):
+                    bad.append(("page-owner", pk, b, page))
+        if owned or n_owned != n_held:
+            bad.append(("page-leaked", n_owned, n_held, sorted(owned)[:3]))
+        if n_owned + len(self.free) != self.num_pages or sorted(self.free) != [
+                p for p in range(self.num_pages) if self.page_state[p] == PAGE_FREE]:
+            bad.append(("free-list", len(self.free), n_owned))
         held = {pk: sum(o == pk for o in self.owner) for pk in self.pages_held}
         if held != self.pages_held:
             bad.append(("pages-held", self.pages_held, held))
@@ -238,24 +264,24 @@ class ArenaPool(Pool):
     def _moved(self, b, old, new):
         super()._moved(b, old, new)
         if old == FREE:
-            self.phys[b] = self.arena.take(self.key)
+            self.phys[b] = self.arena.take(self.key, b)
         elif new == FREE:
-            self.arena.give(self.key, self.phys[b])
+            self.arena.give(self.key, b, self.phys[b])
             self.phys[b] = NO_PAGE
 
-    def _fresh_slot(self, st):
+    def _fresh_slot(self, b, st):
         if self.arena.n_free < self.k:
             raise TransitionRefused(self.kind, st, "relocate")
-        return self.arena.take(self.key)
+        return self.arena.take(self.key, b)
 
-    def _retire_slot(self, slot):
-        self.arena.give(self.key, slot)
+    def _retire_slot(self, b, slot):
+        self.arena.give(self.key, b, slot)
 
     def _check_slots(self):
         return []                             # pages: Arena.check, over every pool at once
 
     def check_blocks(self, blocks):
-        """Pool.check_blocks, and: a held block's page is owned by this pool and not free, a
+        """Pool.check_blocks, and: a held block's page is owned by this block of this pool, a
         FREE block holds no page."""
         bad, arena = super().check_blocks(blocks), self.arena
         for b in blocks:
@@ -263,7 +289,7 @@ class ArenaPool(Pool):
             if self.recs[b].st == FREE:
                 if page != NO_PAGE:
                     bad.append(("page-of-free-block", b, page))
-            elif page == NO_PAGE or arena.owner[page] != self.key or arena.is_free_page[page]:
+            elif page == NO_PAGE or arena.owner_of(page) != (*self.key, b):
                 bad.append(("page-owner", b, page))
         return bad
 

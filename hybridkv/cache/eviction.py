@@ -21,7 +21,7 @@ from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
 from hybridkv.policy import EntryMeta
-from spec.common import READY, STALE
+from spec.common import PINNED, READY, STALE
 
 CACHED_STATES = (READY, STALE)
 
@@ -58,6 +58,42 @@ class Evictor:
                                               tag), self.clock)
         self.refresh(ref)
 
+    def admit_reads(self, reads, tags=()):
+        """``admit`` of each read (Read records, in order) whose block is unpinned and
+        published: what a free leaves cached.  One pass with the per-pool state bound once;
+        the same steps as ``admit`` + ``refresh`` block by block."""
+        clock, index = self.clock, self.index
+        for pk, group in _by_pool(reads).items():
+            pool, policy = self.pools[pk], self.policies[pk]
+            admitted, cached, eligible = self.admitted[pk], self.cached[pk], self.eligible[pk]
+            ents, recs = index.entries[pk], pool.recs
+            tag = "/".join([pk[0], *(t for t in tags if t)])
+            nbytes, n_layers = pool.block_nbytes, pool.n_layers
+            for r in group:
+                b = r.ref.block
+                e = ents.get(b)
+                st = recs[b].st
+                if e is None or st == PINNED:
+                    continue
+                if b not in admitted:
+                    admitted.add(b)
+                    policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block", nbytes,
+                                           float(r.at * n_layers), tag), clock)
+                if st in CACHED_STATES:
+                    cached.add(b)
+                    leaf = not e.children
+                else:
+                    cached.discard(b)
+                    leaf = False
+                if leaf and b not in eligible:
+                    policy.eligible(b)
+                    eligible.add(b)
+                elif not leaf and b in eligible:
+                    policy.ineligible(b)
+                    eligible.discard(b)
+                pool.touch(b)
+                self._settle(pk, b)
+
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live
         child and may stop being a leaf."""
@@ -66,6 +102,22 @@ class Evictor:
         parent = self.index.parent(ref)
         if parent is not None:
             self.refresh(parent)
+
+    def entered_run(self, ref, blocks):
+        """``entered`` for chain blocks just published in a row, ``ref`` the first of them,
+        each block in ``blocks`` the next one's child: the first may flip its parent, each
+        later one is a live child of a fresh (live, uncached) block, so nothing travels."""
+        self.entered(ref)
+        pk = (ref.kind, ref.group)
+        live, below, blocked, pool = self.live[pk], self.live_below[pk], self.blocked[pk], \
+            self.pools[pk]
+        prev = ref.block
+        for b in blocks:
+            blocked.discard(b)
+            live.add(b)
+            below[prev] = below.get(prev, 0) + 1
+            pool.touch(prev)
+            prev = b
 
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
@@ -246,6 +298,15 @@ class Evictor:
         if not self.live[pk] <= set(ents) or not self.blocked[pk] <= set(ents):
             bad.append(("live-unpublished", pk))
         return bad
+
+
+def _by_pool(reads):
+    """pool key -> its reads, each pool's in the order given (admitting a block reads and
+    writes only its own pool's state)."""
+    out = {}
+    for r in reads:
+        out.setdefault((r.ref.kind, r.ref.group), []).append(r)
+    return out
 
 
 def _ref(pk, b):

@@ -30,13 +30,34 @@ class Checkpoint(NamedTuple):
     anchors: tuple     # ObjRef: per chain pool, the chain block ending at H - H % block_size
 
 
+NONE = ()     # an entry's children / anchored until it gets one
+
+
+def _added(members, x):
+    """``members`` (a tuple of at most one, else a set) with x: most chain blocks have one
+    child and one checkpoint of their own, kept as a 1-tuple (48 B, where a set is 216 B)."""
+    if not members:
+        return (x,)
+    if type(members) is tuple:
+        return {members[0], x}
+    members.add(x)
+    return members
+
+
+def _removed(members, x):
+    if type(members) is tuple:
+        return NONE if members == (x,) else members
+    members.discard(x)
+    return members
+
+
 class _Entry:
     __slots__ = ("key", "exact", "parent", "children", "anchored")
 
     def __init__(self, key, exact, parent):
         self.key, self.exact, self.parent = key, exact, parent
-        self.children = set()      # blocks of the same pool whose parent this is
-        self.anchored = set()      # chain keys of checkpoints hanging from this block
+        self.children = NONE       # blocks of the same pool whose parent this is
+        self.anchored = NONE       # chain keys of checkpoints hanging from this block
 
 
 def _h(*parts):
@@ -157,8 +178,24 @@ class PrefixIndex:
             parent = None
         self.entries[pk][ref.block] = _Entry(key, exact, parent)
         if parent is not None:
-            self.entries[pk][parent.block].children.add(ref.block)
+            pe = self.entries[pk][parent.block]
+            pe.children = _added(pe.children, ref.block)
         return True
+
+    def publish_run(self, kind, group, blocks, keys, parent):
+        """``publish`` of chain blocks ``blocks`` under ``keys`` (none of them taken), each the
+        next one's parent, the first hanging from ``parent`` (an ObjRef or None)."""
+        pk = (kind, group)
+        ents, m = self.entries[pk], self.chain[pk]
+        if parent is not None and parent.block not in ents:
+            parent = None
+        prev_ref, prev_e = parent, (None if parent is None else ents[parent.block])
+        for b, key in zip(blocks, keys):
+            m[key] = b
+            ents[b] = e = _Entry(key, False, prev_ref)
+            if prev_e is not None:
+                prev_e.children = _added(prev_e.children, b)
+            prev_ref, prev_e = ObjRef(kind, group, b), e
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
@@ -168,8 +205,21 @@ class PrefixIndex:
             return False
         self.ckpts[key] = Checkpoint(H, key, tuple(anchors))
         for a in anchors:
-            self.entries[(a.kind, a.group)][a.block].anchored.add(key)
+            ae = self.entries[(a.kind, a.group)][a.block]
+            ae.anchored = _added(ae.anchored, key)
         return True
+
+    def add_block_ends(self, kind, group, blocks, keys, ends):
+        """``add_checkpoint`` at the end of each published chain block ``blocks`` (filed
+        under ``keys``), where that block is the checkpoint's one anchor (a layout with one
+        chain pool and nothing exact at block ends)."""
+        pk = (kind, group)
+        ents, ckpts = self.entries[pk], self.ckpts
+        for b, key, H in zip(blocks, keys, ends):
+            if key not in ckpts:
+                ckpts[key] = Checkpoint(H, key, (ObjRef(kind, group, b),))
+                e = ents[b]
+                e.anchored = _added(e.anchored, key)
 
     def unpublish(self, ref):
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost
@@ -188,7 +238,7 @@ class PrefixIndex:
         if e.parent is not None:
             pe = self.entries[pk].get(e.parent.block)
             if pe is not None:
-                pe.children.discard(ref.block)
+                pe.children = _removed(pe.children, ref.block)
                 if not pe.children:
                     leaves.append(e.parent)
                     if not pe.anchored and not pe.exact:
@@ -212,7 +262,7 @@ class PrefixIndex:
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:
-                ae.anchored.discard(key)
+                ae.anchored = _removed(ae.anchored, key)
                 if not ae.children and not ae.anchored:
                     dead.append(a)
         return dead
@@ -239,6 +289,6 @@ class PrefixIndex:
                         bad.append(("stale-key", pk, b))
         for pk, ents in self.entries.items():
             for b, e in ents.items():
-                if e.children != kids.get((pk, b), set()):
+                if set(e.children) != kids.get((pk, b), set()):
                     bad.append(("children", pk, b, sorted(e.children)))
         return bad

@@ -173,8 +173,7 @@ class Pool:
         new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
         news = list(map(tuple.__new__, repeat(self.rec_type),
                         zip(*[np.broadcast_to(f, (n,)).tolist() for f in new])))
-        for b, old, rec in zip(blocks, olds, news):
-            self._landed(b, event, old, rec)
+        self._landed_run(blocks, event, olds, news, cols[:, 0], tgts)
         return news
 
     def _landed(self, b, event, old, new):
@@ -190,6 +189,33 @@ class Pool:
         if new.st == READY and b in self.watch:
             self.watch.discard(b)
             self.on_ready(b)
+
+    def _landed_run(self, blocks, event, olds, news, old_sts, new_sts):
+        """``_landed`` of a run, ``old_sts`` / ``new_sts`` its states as numpy columns: the
+        bookkeeping per distinct (from, to) pair of states, not per block."""
+        if self.shadows is not None:
+            for b, old, new in zip(blocks, olds, news):
+                self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
+            self.touched.update(blocks)
+        recs = self.recs
+        for b, rec in zip(blocks, news):
+            recs[b] = rec
+        pairs = old_sts * 8 + new_sts
+        first = int(pairs[0])
+        kinds = [first] if (pairs == first).all() else np.unique(pairs).tolist()
+        for pair in kinds:
+            a, z = divmod(pair, 8)
+            members = blocks if len(kinds) == 1 else np.asarray(blocks)[pairs == pair].tolist()
+            if a != z:
+                for b in members:
+                    self._moved(b, a, z)
+            if self.on_transition is not None:
+                self.on_transition(self.kind, a, z, len(members))
+            if z == READY and self.watch:
+                for b in members:
+                    if b in self.watch:
+                        self.watch.discard(b)
+                        self.on_ready(b)
 
     def _moved(self, b, old, new):
         if old == WRITING:
@@ -245,18 +271,18 @@ class Pool:
         """Move block b's rows to the spare slot (its address changes), spec ``relocate``."""
         rec = self.recs[b]
         self.table.fire(rec.st, "relocate", rec, self.ctx)      # refuse before copying
-        old, new = self.phys[b], self._fresh_slot(rec.st)
+        old, new = self.phys[b], self._fresh_slot(b, rec.st)
         for t in self.data.values():
             t[:, new].copy_(t[:, old])
         self.phys[b] = new
-        self._retire_slot(old)
+        self._retire_slot(b, old)
         return self.fire(b, "relocate")
 
-    def _fresh_slot(self, st):
-        """The slot a relocation moves to: the spare."""
+    def _fresh_slot(self, b, st):
+        """The slot block b's relocation moves to: the spare."""
         return self.spare
 
-    def _retire_slot(self, slot):
+    def _retire_slot(self, b, slot):
         """The slot a relocation left becomes the spare."""
         self.spare = slot
 

@@ -175,13 +175,47 @@ class ObjectWriter:
         req.tables[g.name].chain(kind).extend([pool.phys[o.ref.block] for o in objs])
         req.blocks[pk].extend([o.ref.block for o in objs])
         req.chain[pk].extend(objs)
-        filed = []
-        for o in objs:
-            if o.at > req.known_tokens:
-                self.publish(req, o, False)
-            elif self._file(req, o, False):
-                filed.append(o.ref.block)
+        n_known = 0
+        while n_known < len(objs) and objs[n_known].at <= req.known_tokens:
+            n_known += 1
+        filed = self._file_run(req, pk, objs[:n_known])
+        for o in objs[n_known:]:
+            self.publish(req, o, False)
         pool.fire_run(filed, "publish")
+
+    def _file_run(self, req, pk, objs):
+        """``_file`` of a request's next chain blocks of one pool, in order; returns the blocks
+        to fire ``publish``.  The leading blocks whose keys nobody holds are filed at once
+        (each the next one's parent); from the first taken key on, block by block."""
+        kind, gname = pk
+        keys = [req.chain_keys[o.at // self.gran - 1] for o in objs]
+        taken, n_free = self.index.chain[pk], 0
+        while n_free < len(keys) and keys[n_free] not in taken:
+            n_free += 1
+        filed = []
+        if n_free >= 2:
+            head, blocks = objs[0], [o.ref.block for o in objs[:n_free]]
+            parent = self.index.parent_for(kind, gname, req.chain_keys, head.at, False)
+            self.index.publish_run(kind, gname, blocks, keys[:n_free], parent)
+            self.evictor.entered_run(head.ref, blocks[1:])
+            if self.events is not None:
+                pkey = None if parent is None else self.index.key_of(kind, gname,
+                                                                   parent.block)[0]
+                for o, key in zip(objs, keys[:n_free]):
+                    self.events.append(CacheEvent(True, kind, gname, key, pkey, o.at, False,
+                                                  req.request_id))
+                    pkey = key
+            ends = [o.at for o in objs[:n_free]]
+            if self.layout.chain_pools() == (pk,) and not any(map(self.layout.exact_kinds,
+                                                                   ends)):
+                self.index.add_block_ends(kind, gname, blocks, keys[:n_free], ends)
+            else:
+                for H, key in zip(ends, keys):
+                    if not self.layout.exact_kinds(H):
+                        self._record(req, H, key)
+            filed, objs = blocks, objs[n_free:]
+        filed += [o.ref.block for o in objs if self._file(req, o, False)]
+        return filed
 
     def _page(self, req, g, j, draft=0):
         o = Owned.write(self.pools[("swa", g.name)], (j + 1) * g.window, draft)
@@ -378,10 +412,11 @@ class ObjectWriter:
         batched = len({r.ref for r in reads}) == len(reads)
         if batched:                           # admit reads only the block's own record
             fire_runs(self.pools, [r.ref for r in reads], "unpin")
-        for r in reads:
-            pool = self.pools[(r.ref.kind, r.ref.group)]
-            if not batched:
+            self.evictor.admit_reads(reads, (req.hint,))
+        else:
+            for r in reads:
+                pool = self.pools[(r.ref.kind, r.ref.group)]
                 pool.fire(r.ref.block, "unpin")
-            if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
-                self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
+                if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
+                    self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
         req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

@@ -1,9 +1,11 @@
 """`hybridkv prove`: Z3 proofs of the spec's invariants (BMC + k-induction), vacuity, and
-guard mutation.  Exit status 1 on any violated/unknown invariant or unreachable action."""
+guard mutation; state routing over the block arena (proofs.arena: its rows and guard mutants
+beside the system's).  Exit status 1 on any violated/unknown invariant or unreachable action."""
 import glob
 import json
 import os
 import sys
+import time
 
 NAME = "prove"
 HELP = ("prove the spec's invariants with Z3 (BMC + k-induction), check every action is "
@@ -34,9 +36,20 @@ def add_arguments(p):
     p.add_argument("--parametric", action="store_true",
                    help="parametric tier: every invariant and auxiliary fact for every number "
                         "of objects, requests, disk slots and graphs (the fast configuration's "
-                        "constants); with mutation unless --no-mutation")
+                        "constants); then guard mutation on that tier unless --no-mutation")
+    p.add_argument("--mutate", action="store_true",
+                   help="with --parametric: only the mutation run (each mutant re-checks the "
+                        "steps of the actions calling its guard; the baseline proof of the "
+                        "other steps is `--parametric --no-mutation`'s)")
     p.add_argument("--fact-timeout", type=float, default=120.0,
                    help="parametric tier: seconds Z3 may take per fact and step")
+    p.add_argument("--mutant-budget", type=float, default=600.0,
+                   help="parametric mutation: seconds one mutant may take in all")
+    p.add_argument("--reach-depth", type=int, default=4,
+                   help="parametric tier: depth of the concrete search (from the states of "
+                        "--seed-traces, else from the initial state; within --kill-timeout) "
+                        "that confirms a fact's finite counterexample to induction is "
+                        "reachable at its size")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
@@ -84,34 +97,99 @@ def _save(report, out):
         tr.save(t, os.path.join(out, f"cti_{n}_{t['invariant'].replace(':', '_')}.json"))
 
 
+def _with_arena(report, st, tick):
+    """State routing over the block arena (proofs.arena, BMC to the same depth + 1-induction):
+    its rows beside the invariants, its guard mutants beside the system's."""
+    from proofs.arena import mutate_arena, prove_arena
+    rows, ctis = prove_arena(depth=st.depth, budget_s=st.bmc_budget)
+    tick("arena")
+    report.invariants.extend(rows)
+    report.ctis.extend(ctis)
+    if st.mutation:
+        report.mutations.extend(mutate_arena(only=st.only))
+
+
+def _reach(args, facts, tick):
+    """Confirm each finite CTI of a fact not proven by the concrete search at its sizes."""
+    from proofs import search
+    from proofs import trace as tr
+    from proofs.cti import reach
+    from proofs.parametric import props
+    paths = sorted(glob.glob(os.path.join(args.seed_traces, "*.json"))) if args.seed_traces else []
+    prefixes = [search.actions_of(tr.load(p)) for p in paths]
+    out = {}
+    for f in facts:
+        if f.cti is not None:
+            tick(f"reach {f.name}")
+            t, answer, secs = reach(f.cti, args.reach_depth, prefixes,
+                                    int(args.kill_timeout * 1000), props())
+            out[f.name] = {"answer": answer, "seconds": round(secs, 3), "trace": t}
+    return out
+
+
 def _parametric(args, tick):
     from proofs.mutate import mutants
-    from proofs.parametric import mutate_parametric, prove_parametric
+    from proofs.arena_sizes import mutate_all_sizes, prove_all_sizes
+    from proofs.parametric import PEncoding, prove_parametric
+    from proofs.pmutate import mutate_parametric
     from proofs.run import FAST
     ms = int(args.fact_timeout * 1000)
-    facts, built = prove_parametric(FAST, timeout_ms=ms, tick=tick)
-    muts = []
-    if not args.no_mutation:
+    t0 = time.perf_counter()
+    enc = PEncoding(FAST)
+    built = time.perf_counter() - t0
+    facts, reached, muts = [], {}, []
+    if not args.mutate:
+        facts, _ = prove_parametric(FAST, timeout_ms=ms, tick=tick, enc=enc)
+        reached = _reach(args, facts, tick)
+    t0 = time.perf_counter()
+    if args.mutate or not args.no_mutation:
         todo = [m for m in mutants() if not args.mutant or m.name in args.mutant]
-        proven = [f.name for f in facts if f.result == "proven-all-sizes"]
-        muts = mutate_parametric(FAST, todo, proven, timeout_ms=ms, tick=tick)
-    out = {"parametric": [f.as_json() for f in facts], "build_seconds": round(built, 3),
-           "mutations": {"killed": sum(m["result"] == "killed" for m in muts),
-                         "total": len(muts), "results": muts},
+        muts = mutate_parametric(enc, todo, timeout_ms=ms, budget_s=args.mutant_budget,
+                                 tick=tick)
+    rows = [dict(f.as_json(), **({"reach": reached[f.name]} if f.name in reached else {}))
+            for f in facts]
+    out = {"parametric": rows, "build_seconds": round(built, 3),
+           "mutations": {"killed": sum(m.killed for m in muts), "total": len(muts),
+                         "seconds": round(time.perf_counter() - t0, 1),
+                         "results": [m.as_json() for m in muts],
+                         "survivors": [{"mutant": m.mutant.name, "guard": m.mutant.guard,
+                                        "conjunct": m.mutant.conjunct, "reason": m.how}
+                                       for m in muts if m.result in ("redundant", "unused")]},
            "config": {k: v for k, v in FAST._asdict().items() if not k.startswith("n_")}}
-    ok = all(f.result == "proven-all-sizes" for f in facts)
-    return out, ok
+    arena = []
+    if not args.mutate:
+        arena, arena_built = prove_all_sizes(timeout_ms=ms)
+        out["parametric"] += [f.as_json() for f in arena]
+        out["build_seconds"] = round(built + arena_built, 3)
+    if args.mutate or not args.no_mutation:
+        arena_muts = mutate_all_sizes(timeout_ms=ms, only=tuple(args.mutant))
+        out["mutations"]["results"] += arena_muts
+        out["mutations"]["killed"] += sum(m["result"] == "killed" for m in arena_muts)
+        out["mutations"]["total"] += len(arena_muts)
+    ok = (all(f.result == "proven-all-sizes" for f in facts + arena)
+          and all(m.result != "undecided" for m in muts))
+    return out, ok, muts
 
 
-def _parametric_table(out):
-    lines = [f"{'fact':<22} {'result':<17} {'seconds':>8}  detail"]
+def _parametric_table(out, muts):
+    from proofs import trace as tr
+    lines = []
+    if out["parametric"]:
+        lines.append(f"{'fact':<22} {'result':<17} {'seconds':>8}  detail")
     for r in out["parametric"]:
         lines.append(f"{r['name']:<22} {r['result']:<17} {r['seconds']:>8.2f}  {r['detail']}")
+        if "cti" in r:
+            lines += ["", tr.format_trace(r["cti"]["trace"])]
+        if "reach" in r:
+            t = r["reach"]["trace"]
+            lines += ["", tr.format_trace(t) if t else
+                      f"not reached within --reach-depth: {r['reach']['answer']}"]
     m = out["mutations"]
     if m["total"]:
-        lines += ["", f"parametric mutants killed {m['killed']}/{m['total']}"]
+        lines += ["", f"parametric mutants killed {m['killed']}/{m['total']} in {m['seconds']}s"]
+        lines += ["  " + x.line() for x in muts]
         lines += [f"  {x['mutant']:<28} {x['result']:<9} {x['fact']}  {x['seconds']}s"
-                  for x in m["results"]]
+                  for x in m["results"][len(muts):]]      # the arena's, after the system's
     return "\n".join(lines)
 
 
@@ -129,13 +207,14 @@ def run(args):
 
     try:
         if args.parametric:
-            out, ok = _parametric(args, tick)
+            out, ok, muts = _parametric(args, tick)
         else:
             report = prove(c, st, tick, mutation_config=FAST if args.deep else None)
+            _with_arena(report, st, tick)
     finally:
         bar.close()
     if args.parametric:
-        print(json.dumps(out) if args.json else _parametric_table(out))
+        print(json.dumps(out) if args.json else _parametric_table(out, muts))
         return 0 if ok else 1
     if args.save_traces:
         _save(report, args.save_traces)

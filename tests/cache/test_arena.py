@@ -16,6 +16,7 @@ from hybridkv.cache.arena import Arena, ArenaPool
 from hybridkv.engine import Engine, cold_mismatches
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from hybridkv.model import SeqWork
+from spec.arena import PAGE_OWNED
 from spec.common import FREE, WRITING
 from tests.cache.helpers import LAY, P40, commit_all, fingerprint, run
 from tests.cache.test_stateful_pressure import Pressure
@@ -72,10 +73,10 @@ def test_pages_change_owner_only_while_free(monkeypatch):
     pages do pass from one kind to another."""
     history = {}
     take, give = Arena.take, Arena.give
-    monkeypatch.setattr(Arena, "take", lambda self, pk: history.setdefault(
-        page := take(self, pk), []).append(("take", pk)) or page)
-    monkeypatch.setattr(Arena, "give", lambda self, pk, page: (
-        give(self, pk, page), history[page].append(("give", pk))))
+    monkeypatch.setattr(Arena, "take", lambda self, pk, b: history.setdefault(
+        page := take(self, pk, b), []).append(("take", pk)) or page)
+    monkeypatch.setattr(Arena, "give", lambda self, pk, b, page: (
+        give(self, pk, b, page), history[page].append(("give", pk))))
     m = mk(64)
     rng = random.Random(1)
     for i in range(30):
@@ -89,10 +90,10 @@ def test_pages_change_owner_only_while_free(monkeypatch):
             retyped += e1 == "give" and pk1 != pk2
     assert retyped > 0
     arena = m.arena
-    page = next(p for p in range(64) if not arena.is_free_page[p])
+    page = next(p for p in range(64) if arena.page_state[p] == PAGE_OWNED)
     with pytest.raises(InvariantViolation):          # a held page cannot change owner
         arena.give(("swa", "swa") if arena.owner[page] != ("swa", "swa") else ("comp", "csa"),
-                   page)
+                   arena.owner_block[page], page)
     m.check_invariants()
 
 
@@ -250,7 +251,7 @@ def test_seeded_page_given_back_while_held_is_caught(monkeypatch):
         moved(self, b, old, new)
         if old == WRITING and new != FREE and not leaked:
             leaked.append((self.key, b))
-            self.arena.give(self.key, self.phys[b])
+            self.arena.give(self.key, b, self.phys[b])
     monkeypatch.setattr(ArenaPool, "_moved", leaky)
     m = mk(64)
     with pytest.raises(InvariantViolation) as e:
@@ -263,9 +264,9 @@ def test_seeded_page_given_back_while_held_is_caught(monkeypatch):
 def test_seeded_page_taken_twice_is_caught(monkeypatch):
     """Negative control: ``take`` hands out a page without popping it from the free list, and
     does not check its owner -- checked mode finds the page held twice / owned while free."""
-    def twice(self, pk):
+    def twice(self, pk, b):
         page = self.free[-1]
-        self.is_free_page[page], self.owner[page] = 0, pk
+        self.page_state[page], self.owner[page], self.owner_block[page] = PAGE_OWNED, pk, b
         self.pages_held[pk] += 1
         return page
     monkeypatch.setattr(Arena, "take", twice)

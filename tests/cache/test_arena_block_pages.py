@@ -96,3 +96,10 @@ def test_a_random_run_keeps_the_invariants_and_gives_every_page_back():
         m.free(rid)
     m.check_invariants()
     assert m.available_blocks()[("comp", "g0")] == 48       # evictable + free: every page
+
+
+def test_the_spec_page_rule_counts_a_block_s_k_pages():
+    from spec.arena import block_pages_ok
+    from spec.common import READY
+    assert block_pages_ok(READY, 3, 3) and block_pages_ok(FREE, 0, 3)
+    assert not block_pages_ok(READY, 1, 3) and not block_pages_ok(FREE, 3, 3)

@@ -2,15 +2,22 @@
 graphs, and a seeded bug that only shows beyond the deep tier's sizes.
 
 The seeded bug: a pin count kept in a 2-bit saturating counter (``pins = min(pins + 1, 3)``).
-It needs four holders of one block (three requests and a spill); FAST and DEEP have two
-requests and one disk slot, so at most three holders: they cannot see it."""
+It needs four holders of one block (three requests and a spill, or two requests and two
+spills); FAST and DEEP have two requests and one disk slot, so at most three holders: they
+cannot see it."""
+import pathlib
+
 import pytest
-import z3
 
 from spec import INVARIANTS, common, initial, step
 
-from proofs.parametric import PEncoding, check, prove_fact
+from proofs import search
+from proofs import trace as tr
+from proofs.cti import find_cti, reach
+from proofs.parametric import PEncoding, prove_fact, props
 from proofs.run import DEEP, FAST
+
+GOLDEN = sorted((pathlib.Path(__file__).parents[1] / "golden").glob("*.json"))
 
 
 def _saturating_pin(o, c):
@@ -44,16 +51,16 @@ def _four_holders(c):
     return s
 
 
-@pytest.fixture(scope="module")
-def enc():
-    return PEncoding(FAST)
+def _beyond_deep(sizes):
+    """Some sort has more elements than DEEP gives it."""
+    return any(sizes[f] > getattr(DEEP, f) for f in ("n_obj", "n_req", "n_disk", "n_graph"))
 
 
 @pytest.mark.parametrize("name", [
     "static_topology", pytest.param("admission_cap", marks=pytest.mark.slow),
     pytest.param("toctou", marks=pytest.mark.slow)])
-def test_parametric_proves_for_every_size(enc, name):
-    r = prove_fact(enc, name, timeout_ms=60_000)
+def test_parametric_proves_for_every_size(penc, name):
+    r = prove_fact(penc, name, timeout_ms=60_000)
     assert r.result == "proven-all-sizes", r
 
 
@@ -67,17 +74,38 @@ def test_seeded_bug_is_real_beyond_deep():
         assert not INVARIANTS["well_formed"](_four_holders(c), c)
 
 
-@pytest.mark.slow
-def test_parametric_tier_finds_the_seeded_bug(enc):
-    """The same bug: the all-sizes induction of well_formed over a spill, which the real spec
-    passes, no longer goes through (Z3 cannot certify pins = holders once a fourth holder
-    leaves the count at 3).  Z3 answers unknown rather than sat here (the quantifiers are
-    over integer fields), so the concrete run above is what shows the failure is real."""
-    a = next(j for j, ins in enumerate(enc.inst) if ins.name == "spill_start")
-    assert check(enc.step_query("well_formed", a), 60_000) == z3.unsat
+def test_finite_cti_of_the_seeded_bug_is_beyond_deep(penc):
+    """The all-sizes step of well_formed over a spill: unmutated, no CTI with at most two
+    elements per sort; under the bug, one, whose size is beyond DEEP's, and which replays on
+    plain ints (S holds before, the spill breaks pins = holders) only under the bug."""
+    a = next(j for j, ins in enumerate(penc.inst) if ins.name == "spill_start")
+    assert find_cti(penc, ["well_formed"], a, props(), kmax=2) is None
     with seeded_pin_bug():
-        e = PEncoding(FAST)
-    assert check(e.step_query("well_formed", a), 20_000) != z3.unsat
+        cti = find_cti(penc.variant([a]), ["well_formed"], a, props(), kmax=2)
+        assert cti is not None
+        assert tr.replay(cti.trace, props()).reproduced
+    assert (cti.fact, cti.action) == ("well_formed", "spill_start")
+    assert _beyond_deep(cti.sizes), cti.sizes
+    assert tr.config_of(cti.trace)._asdict() == {**FAST._asdict(), **cti.sizes}
+    assert not tr.replay(cti.trace, props()).reproduced
+
+
+@pytest.mark.slow
+def test_parametric_tier_finds_the_seeded_bug():
+    """The parametric tier's own path on the bug (``prove_fact``, as ``prove --parametric``
+    runs it): well_formed is not proven for all sizes, the step that fails has a finite CTI
+    beyond DEEP's sizes, and the concrete search at those sizes (seeded by the golden
+    traces' states) reaches a violation from the initial state: a real trace, replayed."""
+    prefixes = [search.actions_of(tr.load(p)) for p in GOLDEN]
+    with seeded_pin_bug():
+        r = prove_fact(PEncoding(FAST), "well_formed", timeout_ms=20_000)
+        assert r.result == "bounded-only" and r.cti is not None, r
+        t, answer, _ = reach(r.cti, 4, prefixes, timeout_ms=600_000, props=props())
+        assert t is not None, answer
+        assert t["start"] is None and tr.replay(t, props()).reproduced
+    assert _beyond_deep(r.cti.sizes), r.cti.sizes
+    assert tr.config_of(t) == tr.config_of(r.cti.trace)
+    assert not tr.replay(t, props()).reproduced
 
 
 @pytest.mark.slow

@@ -622,6 +622,14 @@ class CacheManager:
         return {pk: self.evictor.available(pk) for pk in self.pools}
 
     @locked
+    def pending_checkpoints(self, request_id):
+        """Retention points the request's allocations wrote and its commits have not reached
+        yet, ascending (reads only): a commit that ends exactly on one captures it, one that
+        passes it gives it up, so an engine that computes past several in one step commits
+        up to each of them in turn."""
+        return tuple(self._request(request_id).pending_points)
+
+    @locked
     def blocks_needed(self, request_id, num_new_tokens, num_draft_tokens=0):
         """pool key -> new blocks ``allocate(request_id, num_new_tokens, num_draft_tokens)``
         would take now, without the snapshots of retention points (reads only)."""

@@ -58,9 +58,14 @@ def salt_of(request):
 def commit_known(cache, track, request, upto):
     """Commit positions up to ``upto`` to hybridkv, never past the tokens vLLM knows
     (``request.num_tokens``: speculative tokens are not known until accepted) nor past the
-    allocation."""
+    allocation; a commit stops at every retention point on the way, so each is captured
+    (vLLM computed them all: the rows a snapshot copies are still in the request's blocks)."""
     end = min(upto, request.num_tokens, track.allocated)
-    if end > track.committed:
-        cache.commit(request.request_id, end - track.committed,
-                     token_ids(request, track.committed, end))
-        track.committed = end
+    if end <= track.committed:
+        return
+    stops = [P for P in cache.pending_checkpoints(request.request_id)
+             if track.committed < P < end]
+    for stop in stops + [end]:
+        cache.commit(request.request_id, stop - track.committed,
+                     token_ids(request, track.committed, stop))
+        track.committed = stop

@@ -20,7 +20,6 @@ reported as the window group's block ending at ``at`` (the state through it is c
 ``Allocation.copies`` (a hit's window restore, per pool block) become vLLM's
 ``KVCacheBlockCopy`` per vLLM block the page spans.
 """
-from hybridkv.integrations.vllm.block_ids import vllm_id
 from hybridkv.integrations.vllm.specs import window_blocks
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
@@ -99,9 +98,10 @@ class VllmEvents:
             if self.lookahead else None)
 
 
-def vllm_copies(allocation, layout, per_page):
-    """(source id, destination id) per vLLM block of the Allocation's snapshot copies."""
+def vllm_copies(allocation, layout, ids):
+    """(source id, destination id) per vLLM block of the Allocation's snapshot copies
+    (``ids``: the manager's id_space)."""
     groups = {g.name: g for g in layout.groups}
-    return [(vllm_id(src, j, per_page), vllm_id(dst, j, per_page))
-            for _, group, src, dst in allocation.copies
+    return [(ids.vllm_id((kind, group), src, j), ids.vllm_id((kind, group), dst, j))
+            for kind, group, src, dst in allocation.copies
             for j in range(window_blocks(groups[group]))]

@@ -12,7 +12,7 @@ object per vLLM block id.
                                           None, nothing changed), then commit(rid, k, ids) up
                                           to the tokens known (request.num_tokens)
   cache_blocks(request, n) / free         commit(rid, k, ids) up to n / free(rid)
-  block ids                               tables(rid) slots (arena page ids) -> vllm_id
+  block ids                               tables(rid) slots -> id_space.vllm_id
   take_events / take_kv_cache_block_copies  take_events() / Allocation.copies (events.py)
 Positions past ``request.num_tokens`` (speculative tokens, lookahead) are allocated and never
 committed before their token ids are known: nothing unverified is published, and the ids vLLM's
@@ -21,10 +21,11 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 """
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
-from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, ids_per_page, num_pages, vllm_id
+from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID
 from hybridkv.integrations.vllm.events import VllmEvents, vllm_copies
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
+from hybridkv.integrations.vllm.id_space import id_space
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
                                                   commit_known, salt_of, token_ids)
@@ -40,7 +41,7 @@ class KVCacheManager(UnusedMachinery):
                  num_hash_lookahead_tokens=0, num_prefill_lookahead=0, log_stats=False,
                  enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
                  metrics_collector=None, watermark=0.0,
-                 enable_mamba_shared_prefix_checkpoint=False):
+                 enable_mamba_shared_prefix_checkpoint=False, max_num_seqs=None):
         if dcp_world_size != 1 or pcp_world_size != 1:
             raise UnsupportedSpec("context parallelism", (dcp_world_size, pcp_world_size))
         self.unused = UnusedArgs(max_in_flight_tokens, num_prefill_lookahead, dcp_world_size,
@@ -52,8 +53,8 @@ class KVCacheManager(UnusedMachinery):
         self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
-        self.per_page = ids_per_page(self.layout)        # vLLM ids an arena page spans
-        self.num_pages = num_pages(self.layout, kv_cache_config.num_blocks)
+        self.ids = id_space(self.layout, kv_cache_config.num_blocks,    # pool blocks <->
+                            max_in_flight_tokens, max_num_seqs)         # vLLM block ids
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -67,9 +68,9 @@ class KVCacheManager(UnusedMachinery):
         self.block_pool = BlockPoolFacade(self)
 
     def _new_cache(self):
-        return CacheManager(self.layout, num_pages=self.num_pages, device="meta",
+        return CacheManager(self.layout, device="meta",
                             every_n=every_n(self.kv_cache_config, self.layout),
-                            events=self.enable_kv_cache_events)
+                            events=self.enable_kv_cache_events, **self.ids.cache_kwargs())
 
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped."""
@@ -77,13 +78,13 @@ class KVCacheManager(UnusedMachinery):
 
     # -- capacity and stats --------------------------------------------------------------------
     def num_free_blocks(self):
-        """vLLM block ids an allocation could take now: the ids of the arena pages free or
-        evictable (hybridkv's count, the same for every pool)."""
-        return max(self.cache.available_blocks().values()) * self.per_page
+        """vLLM block ids an allocation could take now: the ids of the pool blocks free or
+        evictable (hybridkv's count)."""
+        return self.ids.free_ids(self.cache.available_blocks())
 
     def ids_needed(self, request_id, num_tokens):
-        """vLLM block ids (whole pages) hybridkv needs for ``num_tokens`` more positions."""
-        return sum(self.cache.blocks_needed(request_id, num_tokens).values()) * self.per_page
+        """vLLM block ids (whole pool blocks) hybridkv needs for ``num_tokens`` more positions."""
+        return self.ids.ids_for(self.cache.blocks_needed(request_id, num_tokens))
 
     @property
     def usage(self):
@@ -167,7 +168,7 @@ class KVCacheManager(UnusedMachinery):
             self._drain(request)
             return None
         old, track.started, track.allocated = track.allocated, True, got.end
-        self.copies += vllm_copies(got, self.layout, self.per_page)
+        self.copies += vllm_copies(got, self.layout, self.ids)
         if not delay_cache_blocks:
             commit_known(self.cache, track, request, regular)
         self._drain(request)
@@ -195,8 +196,10 @@ class KVCacheManager(UnusedMachinery):
         return track
 
     def _fits(self, request, computed):
+        """The rest of the request fits now (a window holds only the pages it keeps at once)."""
         rest = max(0, min(request.num_tokens, self.max_model_len) - computed)
-        return self.ids_needed(request.request_id, rest) <= self.num_free_blocks()
+        need = self.ids.at_once(self.cache.blocks_needed(request.request_id, rest))
+        return self.ids.fits(need, self.cache.available_blocks())
 
     def _short(self, rid, more, reserved_blocks, request, has_scheduled_reqs):
         """vLLM's watermark and reserved blocks, in vLLM ids, on top of hybridkv's admission."""
@@ -216,12 +219,13 @@ class KVCacheManager(UnusedMachinery):
         """vLLM ids of group g's logical blocks [start_block, end_block) of one request."""
         t, bs = tables[g.name], g.block_size
         if g.kind == "full":
-            return [vllm_id(s, 0, self.per_page) for s in t.comp[start_block:end_block]]
+            return [self.ids.vllm_id(("comp", g.name), s) for s in t.comp[start_block:end_block]]
         out, W = [], g.window
         for b in range(start_block, end_block):
             p = b * bs
             slot = t.swa[p // W] if p // W < len(t.swa) else -1
-            out.append(NULL_BLOCK_ID if slot < 0 else vllm_id(slot, p % W // bs, self.per_page))
+            out.append(NULL_BLOCK_ID if slot < 0 else
+                       self.ids.vllm_id(("swa", g.name), slot, p % W // bs))
         return out
 
     def _blocks(self, rid, start_tokens, end_tokens):

@@ -4,9 +4,12 @@
 
 vLLM's Scheduler builds its ``KVCacheManager`` by the name it imported into its own module;
 this subclass swaps that name for hybridkv's while its constructor runs (the only place the
-manager is built) and checks that the manager it got is ours.
+manager is built), handing it the scheduler's ``max_num_seqs`` (the running requests a window
+pool's share is sized for: hybridkv.integrations.vllm.id_space), and checks that the manager
+it got is ours.
 """
 import threading
+from functools import partial
 
 import vllm.v1.core.sched.scheduler as vllm_scheduler
 
@@ -19,7 +22,9 @@ class Scheduler(vllm_scheduler.Scheduler):
     def __init__(self, *args, **kwargs):
         with _BUILD_LOCK:
             stock = vllm_scheduler.KVCacheManager
-            vllm_scheduler.KVCacheManager = KVCacheManager
+            config = kwargs.get("vllm_config", args[0] if args else None)
+            seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+            vllm_scheduler.KVCacheManager = partial(KVCacheManager, max_num_seqs=seqs)
             try:
                 super().__init__(*args, **kwargs)
             finally:

@@ -44,9 +44,9 @@ def test_a_window_pool_holds_one_step_when_there_is_room():
     assert slots[("swa", "g3")] >= 8192 // 8 + 2          # 4-token blocks, window 8
     assert slots[("swa", "g4")] >= 8192 // 128 + 2
     slots = pool_split(V4, 19999, 8192, 32)                 # room for 4 pages a request too
-    checkpoints = slots[("swa", "g0")] - (8192 // 128 + 2) - 4 * 32
-    # a checkpoint (22 ids of window pages) per 4096 chain tokens (16 ids of 256-token blocks)
-    assert checkpoints > 100 and 16 * checkpoints <= slots[("comp", "g2")] < 16 * checkpoints + 38
+    checkpoints = slots[("swa", "g0")] - (8192 // 128 + 2) - 2 * 32
+    # a checkpoint (22 ids of window pages) per 16384 chain tokens (64 ids of 256-token blocks)
+    assert checkpoints > 100 and 64 * checkpoints <= slots[("comp", "g2")] < 64 * checkpoints + 86
 
 
 def test_whole_prompt_fits_counts_a_window_once():
@@ -62,7 +62,9 @@ def test_the_arena_serves_layouts_without_a_wide_window():
     assert isinstance(id_space(ModelLayout([group("g0", "full", 16)]), 64), PagedIds)
     assert isinstance(id_space(FULL_SWA, 64), PoolIds)
     with pytest.raises(BadArgument, match="too small"):
-        PoolIds(V4, 8)
+        PoolIds(FULL_SWA, 5)                      # a window page alone is 8 of the 4 ids
+    tiny = id_space(FULL_SWA, 17)                 # one arena page of 8 ids still serves
+    assert isinstance(tiny, PagedIds) and tiny.num_pages == 2
 
 
 @pytest.mark.slow     # ~3 min in the vLLM venv (vLLM's Scheduler, both managers, 3 shapes)

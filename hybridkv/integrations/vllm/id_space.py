@@ -11,23 +11,24 @@ blocks; any other block one).  Two ways to lay the ids out:
   PoolIds   per-pool capacity (``CacheManager(num_blocks={pool: n - 1})``): pool p owns the
             contiguous ids ``base_p .. base_p + n_p * span_p - 1`` of its n_p slots (n_p - 1
             blocks and the pool's spare slot, where a relocation moves a block), none
-            unused.  Used when
-            P > 1 (full + SWA hybrids, DeepSeek-V4), where the arena would leave most ids of
+            unused.  Used when P > 1 (full + SWA hybrids, DeepSeek-V4; unless num_blocks is
+            too small to give every pool two slots), where the arena would leave most ids of
             every chain block unused (P = 8 for a 128-token window over 16-token blocks, 16
             for V4's 128-row compressor-state window over 8-token blocks).
 PoolIds' split (``pool_split``): a window pool first gets its working set -- the pages one
-scheduling step's tokens (``max_in_flight_tokens``) write plus four for each running request
-(``max_num_seqs``: its window's two pages, the checkpoints its allocation writes); when the
-working sets would take more than half the ids, the running requests' pages shrink first
-(the step's pages only when they alone exceed three quarters).  The rest
-is shared so that a window checkpoint (one page in every window pool) can be kept for every
-CHECKPOINT_SPACING_TOKENS tokens of cached chain (every chain pool's blocks of that many
-tokens): each window pool adds that many checkpoint pages, and the chain pools share what is
-left by their per-token ids.  ``vllm_id`` / ``free_ids`` / ``ids_for`` are the only
-translations of block identity and counts; ``at_once`` / ``fits`` answer whether a whole
-prompt fits (vLLM's ``full_sequence_must_fit``): a window pool's count is capped at the pages
-a request holds at once (one step's tokens plus the window: the pages behind the window are
-given back as it slides), as vLLM caps a sliding-window group's.
+scheduling step's tokens (``max_in_flight_tokens``) write plus two for each running request
+(``max_num_seqs``: its window's two pages); when the working sets would take more than half
+the ids, the running requests' pages shrink first (the step's pages only when they alone
+exceed three quarters).  The rest is shared so that a window checkpoint (one page in every
+window pool) can be kept for every CHECKPOINT_SPACING_TOKENS tokens of cached chain (every
+chain pool's blocks of that many tokens; about one checkpoint per cached prompt of that
+length, as vLLM keeps a prompt's window state at its replay boundary): each window pool adds
+that many checkpoint pages, and the chain pools share what is left by their per-token ids.
+``vllm_id`` / ``free_ids`` / ``ids_for`` are the only translations of block identity and
+counts; ``at_once`` / ``fits`` answer whether a whole prompt fits (vLLM's
+``full_sequence_must_fit``): a window pool's count is capped at the pages a request holds at
+once (one step's tokens plus the window: the pages behind the window are given back as it
+slides), as vLLM caps a sliding-window group's.
 """
 from hybridkv.errors import BadArgument
 from hybridkv.integrations.vllm.block_ids import ids_per_page, num_pages, vllm_id
@@ -35,7 +36,8 @@ from hybridkv.integrations.vllm.specs import window_blocks
 
 DEFAULT_IN_FLIGHT_TOKENS = 8192     # vLLM's default max_num_batched_tokens
 DEFAULT_MAX_NUM_SEQS = 16           # vLLM's test schedulers' default
-CHECKPOINT_SPACING_TOKENS = 4096    # PoolIds keeps a window checkpoint per this many chain tokens
+CHECKPOINT_SPACING_TOKENS = 16384   # PoolIds keeps a window checkpoint per this many chain tokens
+PAGES_PER_RUNNING_REQUEST = 2       # a window's two pages
 
 
 def _ceil(a, b):
@@ -129,12 +131,13 @@ def pool_split(layout, num_ids, max_in_flight_tokens, max_num_seqs):
                 chains[(kind, g.name)] = g.block_size
     per_checkpoint = sum(span for _, span in step.values())    # ids of one page per pool
     step_ids = sum(pages * span for pages, span in step.values())
-    seqs_ids = 4 * max_num_seqs * per_checkpoint
+    seqs_ids = PAGES_PER_RUNNING_REQUEST * max_num_seqs * per_checkpoint
     half = num_ids / 2 if chains else num_ids
     # the running requests' pages shrink first (to fit half the ids), the step's pages only
     # when they alone exceed three quarters (a step that cannot fit would never run)
     step_scale = min(1.0, (0.75 * num_ids if chains else num_ids) / step_ids) if step else 1.0
-    seqs = 4 * max_num_seqs * min(1.0, max(0.0, half - step_ids) / seqs_ids) if step else 0
+    seqs = PAGES_PER_RUNNING_REQUEST * max_num_seqs * \
+        min(1.0, max(0.0, half - step_ids) / seqs_ids) if step else 0
     rest = num_ids - int(step_ids * step_scale + seqs * per_checkpoint)
     checkpoints = 0
     if chains and step:
@@ -159,7 +162,12 @@ def pool_split(layout, num_ids, max_in_flight_tokens, max_num_seqs):
 
 
 def id_space(layout, num_blocks, max_in_flight_tokens=None, max_num_seqs=None):
-    """PagedIds when every pool block spans one vLLM id, PoolIds otherwise."""
-    if ids_per_page(layout) == 1:
-        return PagedIds(layout, num_blocks, max_in_flight_tokens)
-    return PoolIds(layout, num_blocks, max_in_flight_tokens, max_num_seqs)
+    """PagedIds when every pool block spans one vLLM id, PoolIds otherwise -- unless
+    ``num_blocks`` is too small to give every pool a block and its spare slot (a handful of
+    ids): the arena then still serves (a whole page per block)."""
+    if ids_per_page(layout) > 1:
+        try:
+            return PoolIds(layout, num_blocks, max_in_flight_tokens, max_num_seqs)
+        except BadArgument:
+            pass
+    return PagedIds(layout, num_blocks, max_in_flight_tokens)

@@ -76,9 +76,11 @@ def side_summary(result):
             "wall_s": round(result.wall_s, 2)}
 
 
-def differences(requests, stock, ours):
+def differences(requests, stock, ours, roles):
     """Requests whose first-admission hit differs: the shorter side's groups below the
-    longer side's hit (each side's own cache state), ours' funnel rejections."""
+    longer side's hit (each side's own cache state) with what they hold, ours' funnel
+    rejections, and why hybridkv stopped short (its chain cached past the longer hit: only a
+    window checkpoint was missing there)."""
     first = {side: {a.request_id: a for a in r.admissions if not a.resumed}
              for side, r in (("stock", stock), ("ours", ours))}
     out = []
@@ -90,11 +92,19 @@ def differences(requests, stock, ours):
         hits = (shorter.why or {}).get("group_hits")
         short_groups = None if hits is None else \
             [i for i, h in enumerate(hits) if h < longer.hit_tokens]
+        chain = (o.why or {}).get("chain_tokens")
+        why = None
+        if shorter is o and chain is not None:
+            why = "no hybridkv checkpoint (window state) at the stock hit" if \
+                chain >= s.hit_tokens else "chain blocks below the stock hit not cached"
         out.append({"request": spec.request_id, "prompt_tokens": len(spec.prompt),
                     "prompt_blocks": list(spec.hash_ids), "stock_hit": s.hit_tokens,
                     "ours_hit": o.hit_tokens,
                     "shorter": "ours" if shorter is o else "stock",
                     "groups_below_longer_hit": short_groups,
+                    "their_roles": None if short_groups is None else
+                    [roles[i] for i in short_groups],
+                    "ours_chain_tokens": chain, "ours_short_because": why,
                     "ours_rejections": (o.why or {}).get("rejections", [])})
     return out
 
@@ -116,7 +126,8 @@ def run_shape(shape, requests, num_blocks, ms_per_step, max_num_seqs):
     ratio = {k: round(summary["ours"][k] / summary["stock"][k], 3) if summary["stock"][k]
              else None for k in ("step_p50_us", "step_p99_us", "hit_tokens")}
     return {"num_blocks": num_blocks, "setup": about, **summary, "ratio_ours_stock": ratio,
-            "differences": differences(requests, results["stock"], results["ours"]),
+            "differences": differences(requests, results["stock"], results["ours"],
+                                       about["stock"]["groups"]),
             "stock_incomplete": stock_incomplete(results["stock"], requests)}
 
 

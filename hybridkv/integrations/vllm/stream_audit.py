@@ -7,7 +7,9 @@ chain block below H, the open block when H is inside one, each window's rows [H-
 against the blocks vLLM handed over: an object whose block is the null block, or holds
 another prefix's hash, is a finding -- vLLM resuming where a group's state is incomplete.
 ``OursAudit`` (hybridkv's): the funnel's HitPlan of the lookup the Scheduler adopted -- each
-group's longest H alone and the longest candidates it rejected, with layer and check.
+group's longest H alone, the longest candidates it rejected (layer and check), and how far
+the prompt's chain blocks are cached (``chain_tokens``: past a resume point, only a window's
+checkpoint there was missing).
 """
 from hybridkv.integrations.vllm.specs import layout_from_vllm
 from vllm.v1.core.kv_cache_utils import get_block_hash
@@ -80,8 +82,9 @@ class OursAudit:
     def __call__(self, request, hit, blocks):
         plan = self.plans.get(request.request_id)
         if plan is None or plan.reuse_tokens != hit:
-            return {"group_hits": None, "rejections": []}
+            return {"group_hits": None, "rejections": [], "chain_tokens": None}
         rejections = [{"H": r.H, "group": group_index(r.group), "layer": r.layer,
                        "check": r.check} for r in plan.rejections[:MAX_REJECTIONS]]
         group_hits = [plan.group_hits.get(g.name, 0) for g in self.manager.layout.groups]
-        return {"group_hits": group_hits, "rejections": rejections}
+        return {"group_hits": group_hits, "rejections": rejections,
+                "chain_tokens": plan.branch}

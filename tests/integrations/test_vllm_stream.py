@@ -67,7 +67,7 @@ def test_the_arena_serves_layouts_without_a_wide_window():
     assert isinstance(tiny, PagedIds) and tiny.num_pages == 2
 
 
-@pytest.mark.slow     # ~3 min in the vLLM venv (vLLM's Scheduler, both managers, 3 shapes)
+@pytest.mark.slow     # ~30 s in the vLLM venv (vLLM's Scheduler, both managers, 3 shapes)
 def test_stream_and_v4_on_vllms_scheduler():
     py = find_vllm_python()
     if py is None:

@@ -44,7 +44,7 @@ def test_a_window_pool_holds_one_step_when_there_is_room():
     assert slots[("swa", "g3")] >= 8192 // 8 + 2          # 4-token blocks, window 8
     assert slots[("swa", "g4")] >= 8192 // 128 + 2
     slots = pool_split(V4, 19999, 8192, 32)                 # room for 4 pages a request too
-    checkpoints = slots[("swa", "g0")] - (8192 // 128 + 2) - 2 * 32
+    checkpoints = slots[("swa", "g0")] - (8192 // 128 + 2) - 4 * 32
     # a checkpoint (22 ids of window pages) per 16384 chain tokens (64 ids of 256-token blocks)
     assert checkpoints > 100 and 64 * checkpoints <= slots[("comp", "g2")] < 64 * checkpoints + 86
 

@@ -16,14 +16,15 @@ blocks; any other block one).  Two ways to lay the ids out:
             every chain block unused (P = 8 for a 128-token window over 16-token blocks, 16
             for V4's 128-row compressor-state window over 8-token blocks).
 PoolIds' split (``pool_split``): a window pool first gets its working set -- the pages one
-scheduling step's tokens (``max_in_flight_tokens``) write plus two for each running request
-(``max_num_seqs``: its window's two pages); when the working sets would take more than half
-the ids, the running requests' pages shrink first (the step's pages only when they alone
-exceed three quarters).  The rest is shared so that a window checkpoint (one page in every
-window pool) can be kept for every CHECKPOINT_SPACING_TOKENS tokens of cached chain (every
-chain pool's blocks of that many tokens; about one checkpoint per cached prompt of that
-length, as vLLM keeps a prompt's window state at its replay boundary): each window pool adds
-that many checkpoint pages, and the chain pools share what is left by their per-token ids.
+scheduling step's tokens (``max_in_flight_tokens``) write plus four for each running request
+(``max_num_seqs``: its window's two pages, its provisional end checkpoint and a checkpoint its
+allocation is writing, neither evictable); when the working sets would take more than three
+quarters of the ids, the running requests' pages shrink first, then the step's. The rest is
+shared so that a window checkpoint (one page in every window pool) can be kept for every
+CHECKPOINT_SPACING_TOKENS tokens of cached chain (every chain pool's blocks of that many tokens;
+about one checkpoint per cached prompt of that length, as vLLM keeps a prompt's window state at
+its replay boundary): each window pool adds that many checkpoint pages, and the chain pools
+share what is left by their per-token ids.
 ``vllm_id`` / ``free_ids`` / ``ids_for`` are the only translations of block identity and
 counts; ``at_once`` / ``fits`` answer whether a whole prompt fits (vLLM's
 ``full_sequence_must_fit``): a window pool's count is capped at the pages a request holds at
@@ -37,7 +38,7 @@ from hybridkv.integrations.vllm.specs import window_blocks
 DEFAULT_IN_FLIGHT_TOKENS = 8192     # vLLM's default max_num_batched_tokens
 DEFAULT_MAX_NUM_SEQS = 16           # vLLM's test schedulers' default
 CHECKPOINT_SPACING_TOKENS = 16384   # PoolIds keeps a window checkpoint per this many chain tokens
-PAGES_PER_RUNNING_REQUEST = 2       # a window's two pages
+PAGES_PER_RUNNING_REQUEST = 4       # a window's two pages, two checkpoints being kept
 
 
 def _ceil(a, b):
@@ -132,12 +133,11 @@ def pool_split(layout, num_ids, max_in_flight_tokens, max_num_seqs):
     per_checkpoint = sum(span for _, span in step.values())    # ids of one page per pool
     step_ids = sum(pages * span for pages, span in step.values())
     seqs_ids = PAGES_PER_RUNNING_REQUEST * max_num_seqs * per_checkpoint
-    half = num_ids / 2 if chains else num_ids
-    # the running requests' pages shrink first (to fit half the ids), the step's pages only
-    # when they alone exceed three quarters (a step that cannot fit would never run)
-    step_scale = min(1.0, (0.75 * num_ids if chains else num_ids) / step_ids) if step else 1.0
+    most = 0.75 * num_ids if chains else num_ids
+    # the running requests' pages shrink first, the step's only when they alone exceed
+    step_scale = min(1.0, most / step_ids) if step else 1.0
     seqs = PAGES_PER_RUNNING_REQUEST * max_num_seqs * \
-        min(1.0, max(0.0, half - step_ids) / seqs_ids) if step else 0
+        min(1.0, max(0.0, most - step_ids) / seqs_ids) if step else 0
     rest = num_ids - int(step_ids * step_scale + seqs * per_checkpoint)
     checkpoints = 0
     if chains and step:

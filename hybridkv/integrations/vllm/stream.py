@@ -29,7 +29,7 @@ from hybridkv.integrations.vllm.stream_run import StreamRequest, StreamRun
 from hybridkv.integrations.vllm.stream_setup import SHAPES, build_scheduler
 
 # num_blocks per shape: small enough that the stock side preempts or evicts on 300 requests
-DEFAULT_NUM_BLOCKS = {"full": 20000, "full+swa": 20000, "v4": 8000}
+DEFAULT_NUM_BLOCKS = {"full": 20000, "full+swa": 20000, "v4": 12000}
 MAX_MODEL_LEN = 131072            # the longest of the first 300 prompts (120633) + its output
 SIDES = ("stock", "ours")
 

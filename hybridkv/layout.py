@@ -261,7 +261,8 @@ class ModelLayout:
 
     @classmethod
     def from_vllm(cls, kv_cache_config):
-        """The layout of a vLLM ``KVCacheConfig``: full attention and sliding-window groups
+        """The layout of a vLLM ``KVCacheConfig``: full attention, sliding-window and
+        DeepSeek-V4's (compressed MLA, windowed MLA) groups, one hybridkv group per vLLM group
         (duck-typed on the spec classes; imports nothing from vLLM).  Any other spec raises
         ``hybridkv.integrations.vllm.UnsupportedSpec`` naming it."""
         from hybridkv.integrations.vllm.specs import layout_from_vllm

@@ -10,17 +10,43 @@ One vLLM ``KVCacheGroupSpec`` becomes one hybridkv ``LayerGroup`` named ``g<i>``
   ChunkedLocalAttentionSpec -> ``swa`` with W' = the chunk size rounded up: a query reads its
                          own chunk so far, fewer than W' positions before it (a superset again:
                          hybridkv keeps the last W' positions where vLLM keeps the chunk)
+  MLAAttentionSpec    -> ``full`` (a chain of ``comp`` blocks): a block holds block_size /
+                         tokens_per_state compressed entries, every one final once the block's
+                         last token is computed (block_size a multiple of tokens_per_state);
+                         a resume inside a block copies the open block (hybridkv's exact comp)
+  SlidingWindowMLASpec -> ``swa`` like SlidingWindowSpec (its window cached: bounded_replay
+                         False; a bounded-replay window, DeepSeek-V4.1, is refused)
+
+DeepSeek-V4 (vLLM packs its layers into physical groups over one block pool; a vLLM group is
+one table of block ids, so it is one hybridkv group):
+  vLLM group (layers by name suffix)              hybridkv object it holds
+  ``.swa_cache`` (SlidingWindowMLA 64, W 128)     ``swa``: the window of every layer
+  MLA (256, tps 4 / 128) + ``.indexer.k_cache``   ``comp``: CSA / HCA entries, ``idx`` keys
+  ``.compressor.state_cache`` (8, W 128)          ``tail`` of HCA (m' - 1 = 127 rows <= 128)
+  ``.compressor.state_cache`` (4, W 8) and        ``tail`` of CSA (m - 1 + overlap m = 7 <= 8)
+  ``.indexer.compressor.state_cache`` (4, W 8)    and the indexer's open window (7 <= 8)
+vLLM keeps the compressors' open windows as per-token rows in a sliding window (block b holds
+positions [b*bs, (b+1)*bs)), so hybridkv holds them as that group's window (rows [H-W, H) at
+a resume point H: a superset of the tail's rows), in the same block layout; ``group_roles``
+names what a group's layers hold.
 
 The layout's pools are metadata only (vLLM owns the KV tensors): one layer and head_dim 1 per
-group.  Any other spec (Mamba, cross-attention, encoder-only, MLA with compressed states,
-...) raises UnsupportedSpec naming it: never a silent fallback.
+group.  Any other spec (Mamba, cross-attention, encoder-only, hidden-state caches, sink /
+ring-buffer attention, bounded-replay windows, ...) raises UnsupportedSpec naming it: never a
+silent fallback.
 """
 from hybridkv.errors import LayoutError
 from hybridkv.layout import LayerGroup, ModelLayout
 
-SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec",
+             "MLAAttentionSpec", "SlidingWindowMLASpec")
 WINDOWED = {"SlidingWindowSpec": "sliding_window",             # spec -> its window field
-            "ChunkedLocalAttentionSpec": "attention_chunk_size"}
+            "ChunkedLocalAttentionSpec": "attention_chunk_size",
+            "SlidingWindowMLASpec": "sliding_window"}
+# layer-name suffix -> what a DeepSeek-V4 layer cache holds (longest suffix first)
+ROLES = ((".indexer.compressor.state_cache", "idx open window"),
+         (".compressor.state_cache", "tail"), (".indexer.k_cache", "idx keys"),
+         (".swa_cache", "swa"))
 RETAINED = ("SlidingWindowSpec", "MambaSpec")        # the specs vLLM's retention applies to
 
 
@@ -33,9 +59,18 @@ def _ceil(a, b):
 
 
 def group_of(i, spec):
-    """The LayerGroup of vLLM group ``i`` with ``spec``; UnsupportedSpec when it has none."""
+    """The LayerGroup of vLLM group ``i`` with ``spec``; UnsupportedSpec when it has none.
+    A worker's ``UniformTypeKVCacheSpecs`` maps when all its layers' specs map alike."""
     name = type(spec).__name__
-    if name not in SUPPORTED:
+    if name == "UniformTypeKVCacheSpecs":
+        mapped = {group_of(i, s) for s in spec.kv_cache_specs.values()}
+        if len(mapped) != 1:
+            raise UnsupportedSpec("a vLLM group whose layers map to different hybridkv "
+                                  "groups", {"group": i, "value": sorted(map(str, mapped))})
+        return mapped.pop()
+    tokens_per_state = getattr(spec, "tokens_per_state", 1)
+    if name not in SUPPORTED or getattr(spec, "bounded_replay", False) or \
+            spec.block_size % tokens_per_state:
         raise UnsupportedSpec("hybridkv cannot manage this vLLM KV cache spec",
                               {"group": i, "spec": name, "value": repr(spec)[:200]})
     bs = spec.block_size
@@ -52,6 +87,20 @@ def layout_from_vllm(kv_cache_config):
         raise UnsupportedSpec("a KVCacheConfig with no kv_cache_groups", kv_cache_config)
     return ModelLayout([group_of(i, g.kv_cache_spec) for i, g in enumerate(groups)],
                        name="vllm")
+
+
+def group_roles(kv_cache_group):
+    """What the layers of one vLLM group hold, by DeepSeek-V4's layer-name suffixes
+    (``comp`` for a compressed MLA cache, ``full`` / ``swa`` for plain attention)."""
+    spec, roles = kv_cache_group.kv_cache_spec, set()
+    for layer in kv_cache_group.layer_names:
+        role = next((r for suffix, r in ROLES if layer.endswith(suffix)), None)
+        if role is None:
+            windowed = type(spec).__name__ in WINDOWED
+            role = "swa" if windowed else ("comp" if type(spec).__name__ ==
+                                           "MLAAttentionSpec" else "full")
+        roles.add(role)
+    return tuple(sorted(roles))
 
 
 def every_n(kv_cache_config, layout, scheduler_block_size):

@@ -1,0 +1,91 @@
+"""Checks of the stream tier (hybridkv/integrations/vllm/stream*.py) and of DeepSeek-V4 through
+the adapter, on vLLM's real Scheduler and specs: run under the vLLM venv by
+tests/integrations/test_vllm_stream.py (this file imports vllm, so it is not named test_*)."""
+import pytest
+
+from hybridkv import ModelLayout
+from hybridkv.bench.traces import DEFAULT_VOCAB
+from hybridkv.integrations.vllm import UnsupportedSpec
+from hybridkv.integrations.vllm.stream import mooncake_requests, run_shape
+from hybridkv.integrations.vllm.stream_run import StreamRequest, StreamRun
+from hybridkv.integrations.vllm.stream_setup import (build_scheduler, kv_cache_config,
+                                                     v4_layer_specs, vllm_config)
+
+MAX_LEN = 16384
+
+
+def test_v4_layout_maps_vllms_packed_groups():
+    config = kv_cache_config("v4", vllm_config("v4", 3000, MAX_LEN, 8, 2048), 3000)
+    layout = ModelLayout.from_vllm(config)
+    got = sorted((g.kind, g.block_size, g.window) for g in layout.groups)
+    assert got == [("full", 256, 0), ("swa", 4, 8), ("swa", 8, 128), ("swa", 64, 128),
+                   ("swa", 64, 128)]
+    assert layout.granule == 4                      # hits on any 4-token boundary
+
+
+def test_a_bounded_replay_window_is_refused_by_name():
+    from dataclasses import replace
+    config = kv_cache_config("v4", vllm_config("v4", 3000, MAX_LEN, 8, 2048), 3000)
+    group = config.kv_cache_groups[0]
+    group.kv_cache_spec = replace(group.kv_cache_spec, bounded_replay=True)
+    with pytest.raises(UnsupportedSpec, match="SlidingWindowMLASpec"):
+        ModelLayout.from_vllm(config)
+
+
+def turns(n_turns, first_len, grow, seed=0):
+    """A conversation: each turn's prompt is the previous one plus ``grow`` new tokens."""
+    import random
+    rng = random.Random(seed)
+    prompt, out = [rng.randrange(DEFAULT_VOCAB) for _ in range(first_len)], []
+    for t in range(n_turns):
+        out.append(StreamRequest(f"t{t}", 1000.0 * t, list(prompt), 3))
+        prompt += [rng.randrange(DEFAULT_VOCAB) for _ in range(grow)]
+    return out
+
+
+def hits(side, shape, requests, num_blocks=4000):
+    scheduler, hasher = build_scheduler(side, shape, num_blocks, MAX_LEN, 8, 2048)
+    result = StreamRun(scheduler, hasher, requests).run()
+    assert result.finished == len(requests)
+    return {a.request_id: a.hit_tokens for a in result.admissions}, scheduler
+
+
+def test_v4_multi_turn_resumes_past_vllms_256_token_boundary():
+    # 1000-token first turn, +300 each turn: vLLM resumes at the previous prompt's end
+    # rounded down to 256 (its replay boundary), hybridkv at the previous prompt's end itself
+    # (the checkpoint its prefill allocation ended on: 1000 and 1300 are on the 4-token granule)
+    requests = turns(3, 1000, 300)
+    stock, _ = hits("stock", "v4", requests)
+    ours, scheduler = hits("ours", "v4", requests)
+    assert stock == {"t0": 0, "t1": 768, "t2": 1280}
+    assert ours == {"t0": 0, "t1": 1000, "t2": 1300}
+    kv = scheduler.kv_cache_manager
+    # ids index vLLM's one pool: one arena page per vLLM block id, id 0 is vLLM's null block
+    assert kv.num_pages <= kv.kv_cache_config.num_blocks - 1
+
+
+@pytest.mark.parametrize("shape", ["full", "full+swa", "v4"])
+def test_short_mooncake_stream_is_consistent(shape):
+    requests = mooncake_requests(12)
+    report = run_shape(shape, requests, 40000, 50.0, 8)
+    for side in ("stock", "ours"):
+        assert report[side]["finished"] == 12 and report[side]["admissions"] >= 12
+    assert report["stock_incomplete"] == []          # vLLM sound on this stream
+    diffs = report["differences"]
+    if shape == "full":                              # room for every block: the same hits
+        assert diffs == [] and report["ours"]["hit_tokens"] == report["stock"]["hit_tokens"]
+    if shape == "v4":                                # never shorter than vLLM's
+        assert all(d["shorter"] == "stock" for d in diffs)
+    for d in diffs:
+        assert d["groups_below_longer_hit"]          # the shorter side names its groups
+        if d["shorter"] == "ours":                   # full+SWA: vLLM keeps every window
+            assert d["ours_chain_tokens"] >= d["stock_hit"]    # block, hybridkv checkpoints
+            assert d["ours_short_because"].startswith("no hybridkv checkpoint")
+
+
+def test_v4_specs_cover_every_layer_kind():
+    specs = v4_layer_specs((0, 4, 128))
+    suffixes = sorted(name.split("attn")[1] for name in specs)
+    assert suffixes == ["", "", ".compressor.state_cache", ".compressor.state_cache",
+                        ".indexer.compressor.state_cache", ".indexer.k_cache",
+                        ".swa_cache", ".swa_cache", ".swa_cache"]

@@ -181,13 +181,26 @@ class CacheManager:
         if old is not None and old.phase != LOOKED:
             raise RequestBusy("request already holds cache state", request_id)
         root = root_key(self.layout, salt)
-        keys = extend_chain([], root, tokens, self.layout.granule)
+        keys = extend_chain(self._known_keys(old, root, tokens), root, tokens,
+                            self.layout.granule)
         plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),
                           self.disk_link)
         self.requests[request_id] = Request(request_id, salt, root, tokens, keys, plan,
                                             len(tokens), hint)
         self.metrics.lookup(plan)
         return plan
+
+    def _known_keys(self, old, root, tokens):
+        """The chain keys a looked-up request already has for a prefix of ``tokens`` under the
+        same root (an engine re-asks a waiting request every step): only the granules past
+        them are hashed again.  Empty when there is nothing to reuse."""
+        if old is None or old.root_key != root:
+            return []
+        n = min(len(old.chain_keys), len(tokens) // self.layout.granule)
+        covered = n * self.layout.granule
+        if n == 0 or old.token_ids[:covered] != tokens[:covered]:
+            return []
+        return old.chain_keys[:n]
 
     # -- 2. pin / allocate ----------------------------------------------------------------------
     def _check_plan(self, req):

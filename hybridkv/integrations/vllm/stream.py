@@ -91,7 +91,11 @@ def differences(requests, stock, ours, roles):
             [i for i, h in enumerate(hits) if h < longer.hit_tokens]
         chain = (o.why or {}).get("chain_tokens")
         why = None
-        if shorter is o and chain is not None:
+        rejected = [r for r in (o.why or {}).get("rejections", []) if r["H"] == s.hit_tokens]
+        if shorter is o and rejected and all(r["check"] == "readable" for r in rejected):
+            why = ("in flight: the stock hit's blocks were still being written by a running "
+                   "request (hybridkv resumes only on sealed state; vLLM shares them)")
+        elif shorter is o and chain is not None:
             why = "no hybridkv checkpoint (window state) at the stock hit" if \
                 chain >= s.hit_tokens else "chain blocks below the stock hit not cached"
         out.append({"request": spec.request_id, "prompt_tokens": len(spec.prompt),

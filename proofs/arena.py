@@ -19,8 +19,8 @@ from spec.arena_system import (INVARIANTS, PARAMS, ArenaConfig, action, domains,
                                moves, step)
 
 from proofs.bmc import run_bmc
-from proofs.encode import Instance
-from proofs.flat import flatten, leaf_paths, unflatten
+from proofs.encode import FlatEncoding, Instance, _bool, _bv
+from proofs.flat import flatten, leaf_paths
 from proofs.induction import holds_initially, induction_step
 from proofs.mutate import Mutant, applied, mutants
 
@@ -35,7 +35,7 @@ def width_for(c):
     return (2 * bound + 1).bit_length() + 1
 
 
-class ArenaEncoding:
+class ArenaEncoding(FlatEncoding):
     """The arena system's transition relation over template variables (build it while the
     mutants of interest are applied); ``stutter`` adds a no-op so depth d covers shorter
     traces."""
@@ -62,45 +62,12 @@ class ArenaEncoding:
         self.changes = [[(j, leaves[n]) for j, leaves in enumerate(nxt)
                          if not leaves[n].eq(self.cur[n])] for n in range(len(self.paths))]
 
-    def state_vars(self, t):
-        return [z3.BitVec(f"s{t}!{p}", self.w) for p in self.paths]
-
-    def sym(self, leaves):
-        return unflatten(self.template, iter(leaves))
-
-    def init(self, vs):
-        return z3.And(*[v == x for v, x in zip(vs, flatten(self.template))])
-
     def step(self, t, vs, ws):
         """Constraint: ``ws`` follows ``vs`` by the instance selector ``sel!t`` names."""
-        sel = z3.BitVec(f"sel!{t}", self.sel_w)
         args = {a: z3.BitVec(f"a{t}!{a}", self.w) for a in ARGS}
         sub = list(zip(self.cur, vs)) + [(self.argvars[a], args[a]) for a in ARGS]
-        n = len(self.inst)
-        en = sel == n if self.stutter else z3.BoolVal(False)
-        for j in reversed(range(n)):
-            en = z3.If(sel == j, self.enabled[j], en)
-        parts = [z3.ULT(sel, n + 1 if self.stutter else n), z3.substitute(en, *sub)]
-        for k, ch in enumerate(self.changes):
-            val = vs[k]
-            for j, x in reversed(ch):
-                val = z3.If(sel == j, z3.substitute(x, *sub), val)
-            parts.append(ws[k] == val)
-        return z3.And(*parts), sel, args
-
-    def holds(self, pred, vs):
-        if pred not in self._preds:
-            dual.set_width(self.w)
-            self._preds[pred] = z3.simplify(_bool(pred(self.sym(self.cur), self.c)))
-        return z3.substitute(self._preds[pred], *zip(self.cur, vs))
-
-
-def _bool(x):
-    return z3.BoolVal(x) if isinstance(x, bool) else x
-
-
-def _bv(x, w):
-    return z3.BitVecVal(x, w) if isinstance(x, int) else x
+        constraint, sel = self._select(t, vs, ws, sub)
+        return constraint, sel, args
 
 
 # ---- the proof -----------------------------------------------------------------------------
@@ -127,6 +94,12 @@ def prove_arena(c=CONFIG, depth=4, budget_s=120.0):
     return rows, traces
 
 
+def guard_mutants(only=()):
+    """The mutants of ``can_take`` / ``can_give`` (``proofs.mutate``), those named in
+    ``only`` when it names any."""
+    return [m for m in mutants(GUARDS) if not only or m.name in only]
+
+
 class ArenaMutant(NamedTuple):
     mutant: Mutant
     killed: bool
@@ -140,9 +113,7 @@ def mutate_arena(c=CONFIG, depth=6, only=()):
     """Each conjunct of ``can_take``/``can_give`` replaced by True: killed when BMC finds a
     trace from the initial state that breaks an invariant."""
     out = []
-    for m in mutants(GUARDS):
-        if only and m.name not in only:
-            continue
+    for m in guard_mutants(only):
         t0 = time.perf_counter()
         with applied(m, GUARDS):
             enc = ArenaEncoding(c)

@@ -22,8 +22,8 @@ from spec.arena_system import (PARAMS, Block, ArenaSys, action, arena_accounting
                                moves, step)
 from spec.common import FREE
 
-from proofs.arena import CONFIG
-from proofs.mutate import applied, mutants
+from proofs.arena import CONFIG, guard_mutants
+from proofs.mutate import applied
 from proofs.parametric import FactResult, check
 from proofs.pstate import PSeq, Scope
 
@@ -159,9 +159,7 @@ def mutate_all_sizes(c=CONFIG, timeout_ms=60_000, only=()):
     proven for all sizes (a CTI, or Z3 giving up where the real guards are proven),
     ``redundant`` when both stay proven.  Dicts as ``proofs.parametric.mutate_parametric``'s."""
     out = []
-    for m in mutants(GUARDS):
-        if only and m.name not in only:
-            continue
+    for m in guard_mutants(only):
         t0 = time.perf_counter()
         with applied(m, GUARDS):
             res, _ = prove_all_sizes(c, timeout_ms, stop_at_first=True)

@@ -24,8 +24,8 @@ from spec.system import ACTIONS
 
 from proofs.flat import bv_to_int, flatten, leaf_paths, unflatten
 
-__all__ = ["ALWAYS_SYMBOLIC", "INIT", "SYMBOLIC_PARAMS", "BadConfig", "Encoding", "Instance",
-           "bv_to_int", "flatten", "instances", "leaf_paths", "unflatten", "unroll",
+__all__ = ["ALWAYS_SYMBOLIC", "INIT", "SYMBOLIC_PARAMS", "BadConfig", "Encoding", "FlatEncoding",
+           "Instance", "bv_to_int", "flatten", "instances", "leaf_paths", "unflatten", "unroll",
            "width_for"]
 
 # arguments that may be symbolic when the spec only Selects/Stores with them; an action whose
@@ -90,7 +90,52 @@ def _domain(var, dom):
     return z3.Or(*[var == x for x in dom])
 
 
-class Encoding:
+class FlatEncoding:
+    """What an encoding over a flattened bit-vector state shares (the whole system's
+    ``Encoding``, ``proofs.arena.ArenaEncoding``): per-step state variables, the initial
+    state, the step as a selector over the action instances, predicates built once on the
+    template and renamed per step.  A subclass sets ``c``, ``w``, ``stutter``, ``template``,
+    ``paths``, ``cur``, ``inst``, ``enabled``, ``changes`` (per leaf: (instance, new value)
+    for every instance that may change it), ``sel_w`` and ``_preds``."""
+
+    def state_vars(self, t):
+        return [z3.BitVec(f"s{t}!{p}", self.w) for p in self.paths]
+
+    def sym(self, leaves):
+        return unflatten(self.template, iter(leaves))
+
+    def init(self, vs):
+        return z3.And(*[v == x for v, x in zip(vs, flatten(self.template))])
+
+    def _select(self, t, vs, ws, sub):
+        """(constraint, selector ``sel!t``): ``ws`` follows ``vs`` by the instance the selector
+        names, ``sub`` renaming the template's variables to this step's; with ``stutter`` the
+        value ``len(inst)`` is a no-op."""
+        sel = z3.BitVec(f"sel!{t}", self.sel_w)
+        n = len(self.inst)
+        parts = [z3.ULT(sel, n + 1 if self.stutter else n)]
+        en = sel == n if self.stutter else z3.BoolVal(False)
+        for j in reversed(range(n)):
+            en = z3.If(sel == j, self.enabled[j], en)
+        parts.append(z3.substitute(en, *sub))
+        for k, ch in enumerate(self.changes):
+            val = vs[k]
+            for j, x in reversed(ch):
+                val = z3.If(sel == j, z3.substitute(x, *sub), val)
+            parts.append(ws[k] == val)
+        return z3.And(*parts), sel
+
+    def holds(self, pred, vs):
+        """``pred(state, config)`` (an invariant) on the state with leaves ``vs``; the
+        predicate is built once on the template state (at this encoding's width) and renamed
+        per step."""
+        if pred not in self._preds:
+            dual.set_width(self.w)
+            self._preds[pred] = z3.simplify(_bool(pred(self.sym(self.cur), self.c)))
+        return z3.substitute(self._preds[pred], *zip(self.cur, vs))
+
+
+class Encoding(FlatEncoding):
     """The transition relation of configuration ``c`` over template variables, instantiated
     per step by substitution.  Build it while the mutants of interest are applied."""
 
@@ -143,36 +188,15 @@ class Encoding:
                 out[p] = z3.BitVec(f"{tag}{p}", self.w)
         return out
 
-    # ---- per-step variables ---------------------------------------------------------------
-    def state_vars(self, t):
-        return [z3.BitVec(f"s{t}!{p}", self.w) for p in self.paths]
-
-    def sym(self, leaves):
-        return unflatten(self.template, iter(leaves))
-
-    def init(self, vs):
-        return z3.And(*[v == x for v, x in zip(vs, flatten(self.template))])
-
     def step(self, t, vs, ws):
         """Constraint: state ``ws`` follows ``vs`` by one action (selector ``sel!t``; with
         ``stutter``, the value ``len(inst)`` is a no-op, so depth d covers shorter traces)."""
-        sel = z3.BitVec(f"sel!{t}", self.sel_w)
         args = self._argvars(f"a{t}!")
         sub = list(zip(self.cur, vs))
         for p in SYMBOLIC_PARAMS:
             sub += list(zip(_tup(self.argvars[p]), _tup(args[p])))
-        n = len(self.inst)
-        parts = [z3.ULT(sel, n + 1 if self.stutter else n)]
-        en = sel == n if self.stutter else z3.BoolVal(False)
-        for j in reversed(range(len(self.inst))):
-            en = z3.If(sel == j, self.enabled[j], en)
-        parts.append(z3.substitute(en, *sub))
-        for n, ch in enumerate(self.changes):
-            val = vs[n]
-            for j, x in reversed(ch):
-                val = z3.If(sel == j, z3.substitute(x, *sub), val)
-            parts.append(ws[n] == val)
-        return z3.And(*parts), sel, args
+        constraint, sel = self._select(t, vs, ws, sub)
+        return constraint, sel, args
 
     def enabled_at(self, name, vs):
         """Some instance of action ``name`` is enabled in the state with leaves ``vs`` (its
@@ -190,13 +214,6 @@ class Encoding:
             if z3.is_true(v):
                 out.add(name)
         return out
-
-    def holds(self, pred, vs):
-        """``pred(state, config)`` (an invariant) on the state with leaves ``vs``; the
-        predicate is built once on the template state and renamed per step."""
-        if pred not in self._preds:
-            self._preds[pred] = z3.simplify(_bool(pred(self.sym(self.cur), self.c)))
-        return z3.substitute(self._preds[pred], *zip(self.cur, vs))
 
 
 INIT = "init"

@@ -203,23 +203,24 @@ class PrefixIndex:
         if key in self.ckpts or any(a.block not in self.entries[(a.kind, a.group)]
                                     for a in anchors):
             return False
-        self.ckpts[key] = Checkpoint(H, key, tuple(anchors))
-        for a in anchors:
-            ae = self.entries[(a.kind, a.group)][a.block]
-            ae.anchored = _added(ae.anchored, key)
+        self._record(H, key, tuple(anchors))
         return True
 
     def add_block_ends(self, kind, group, blocks, keys, ends):
-        """``add_checkpoint`` at the end of each published chain block ``blocks`` (filed
-        under ``keys``), where that block is the checkpoint's one anchor (a layout with one
-        chain pool and nothing exact at block ends)."""
-        pk = (kind, group)
-        ents, ckpts = self.entries[pk], self.ckpts
+        """``add_checkpoint`` at the end of each chain block ``blocks`` (just published under
+        ``keys``, so no anchor check), where that block is the checkpoint's one anchor (a
+        layout with one chain pool and nothing exact at block ends)."""
+        ckpts = self.ckpts
         for b, key, H in zip(blocks, keys, ends):
             if key not in ckpts:
-                ckpts[key] = Checkpoint(H, key, (ObjRef(kind, group, b),))
-                e = ents[b]
-                e.anchored = _added(e.anchored, key)
+                self._record(H, key, (ObjRef(kind, group, b),))
+
+    def _record(self, H, key, anchors):
+        """File the checkpoint record and mark each anchor's entry with its key."""
+        self.ckpts[key] = Checkpoint(H, key, anchors)
+        for a in anchors:
+            ae = self.entries[(a.kind, a.group)][a.block]
+            ae.anchored = _added(ae.anchored, key)
 
     def unpublish(self, ref):
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost

@@ -8,8 +8,11 @@ Token intervals of one request (positions)::
     reused in place (chain blocks, pinned) and copied (snapshots at H), then computed here.
 """
 import collections
+from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 from hybridkv.cache.funnel import HitPlan
 from hybridkv.cache.pool import ObjRef
@@ -174,7 +177,10 @@ def check_timeout(name, v):
 
 
 def check_tokens(token_ids, vocab):
-    """A list of ints in [0, vocab), checked in bulk (C-speed type and range scans)."""
+    """A list of ints in [0, vocab), checked in bulk: one C-speed pass over the types (plain
+    ints only: no bool, no float, no numpy scalar), then the range read off an int64 packing
+    (anything that does not fit fails it).  A failure is located by a plain scan: the error
+    names the first bad token."""
     if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple)):
         token_ids = token_ids.tolist()
     if not isinstance(token_ids, (list, tuple)):
@@ -182,10 +188,19 @@ def check_tokens(token_ids, vocab):
     if not token_ids:
         return []
     if set(map(type, token_ids)) != {int}:
-        i = next(i for i, t in enumerate(token_ids) if type(t) is not int)
-        raise BadTokens("token out of range", (i, token_ids[i]))
-    lo, hi = min(token_ids), max(token_ids)
-    if lo < 0 or (vocab is not None and hi >= vocab) or hi >= 1 << 63:
-        bad = lo if lo < 0 else hi
-        raise BadTokens("token out of range", (token_ids.index(bad), bad))
+        raise _first_bad(token_ids, vocab)
+    try:
+        packed = np.frombuffer(array("q", token_ids), dtype=np.int64)
+    except OverflowError:
+        raise _first_bad(token_ids, vocab) from None
+    if packed.min() < 0 or (vocab is not None and packed.max() >= vocab):
+        raise _first_bad(token_ids, vocab)
     return list(token_ids)
+
+
+def _first_bad(token_ids, vocab):
+    """BadTokens naming the first token that is not an int in [0, vocab)."""
+    for i, t in enumerate(token_ids):
+        if type(t) is not int or t < 0 or (vocab is not None and t >= vocab) or t >= 1 << 63:
+            return BadTokens("token out of range", (i, t))
+    raise AssertionError("no bad token")

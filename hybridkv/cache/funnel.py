@@ -18,6 +18,7 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk``; the longest H whose groups fail only by deferral is reported in ``disk`` /
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
+from itertools import compress
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -205,6 +206,17 @@ def branch_length(layout, runs):
     return min(lens) if lens else 0
 
 
+def candidate_positions(keys, limit, gran, ckpts, on_disk):
+    """Positions i * gran (i <= limit), longest first, whose chain key has a checkpoint record
+    or whose granule ``on_disk`` names: the membership scan runs at C speed (compress over
+    ``ckpts.__contains__``), the disk's few granules merged after."""
+    recorded = compress(range(limit, 0, -1), map(ckpts.__contains__, reversed(keys[:limit])))
+    if not on_disk:
+        return [i * gran for i in recorded]
+    extra = [i for i in on_disk if 1 <= i <= limit]
+    return [i * gran for i in sorted(set(recorded).union(extra), reverse=True)]
+
+
 def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     """The HitPlan for a prompt of ``n_tokens`` with chain ``keys`` (at least one token is
     always left to compute, so H <= n_tokens - 1)."""
@@ -213,7 +225,7 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     runs = walk_chains(layout, index, pools, ctxs, keys, limit, disk)
     ckpts = index.ckpts
     on_disk = disk.candidates(keys, limit) if disk is not None else frozenset()
-    cands = [i * gran for i in range(limit, 0, -1) if keys[i - 1] in ckpts or i in on_disk]
+    cands = candidate_positions(keys, limit, gran, ckpts, on_disk)
     group_hits = {g.name: 0 for g in layout.groups}
     rejections, passes, chosen, disk_at = [], [], (), None
     for H in cands:

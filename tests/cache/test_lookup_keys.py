@@ -1,6 +1,10 @@
 """A looked-up request asked again (an engine re-asks a waiting request every step) reuses the
 chain keys of the prefix it already hashed: the plan and the keys are those a fresh lookup
 computes, and nothing is reused across a changed token or another tenant's salt."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridkv.cache.funnel import candidate_positions
 from hybridkv.cache.index import extend_chain, root_key
 from tests.cache.helpers import LAY, P40, mk, run
 
@@ -39,3 +43,15 @@ def test_a_changed_token_or_salt_is_hashed_afresh():
     assert list(m.lookup("b", changed).chain_keys) == fresh_keys(changed)
     assert list(m.lookup("b", changed, salt=b"t2").chain_keys) == fresh_keys(changed, b"t2")
     assert fresh_keys(changed, b"t2")[0] != fresh_keys(changed)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), max_size=40), st.integers(0, 45), st.sets(st.integers(-2, 50)))
+def test_candidates_are_every_recorded_or_disk_granule_longest_first(recorded, limit, on_disk):
+    """candidate_positions (the C-speed scan) lists exactly the granules i <= limit whose key
+    has a record or that the disk names, longest first: the funnel's definition by hand."""
+    keys = [bytes([i]) for i in range(len(recorded))]
+    ckpts = {k: None for k, r in zip(keys, recorded) if r}
+    limit = min(limit, len(keys))
+    want = [i * 16 for i in range(limit, 0, -1) if keys[i - 1] in ckpts or i in on_disk]
+    assert candidate_positions(keys, limit, 16, ckpts, frozenset(on_disk)) == want

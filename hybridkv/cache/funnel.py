@@ -18,9 +18,11 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk``; the longest H whose groups fail only by deferral is reported in ``disk`` /
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
-from itertools import compress
+from itertools import chain, compress, repeat
 from types import MappingProxyType
 from typing import NamedTuple
+
+import numpy as np
 
 from hybridkv.cache.pool import ObjRef
 from spec import compressed, indexer, swa, tail
@@ -138,17 +140,31 @@ class _Run(NamedTuple):
     deferred: list      # DiskRead of blocks after the run that are only on disk
 
 
+WALK_RUN_MIN = 24     # a shorter run of found chain blocks is checked block by block
+
+
 def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
-    """(kind, group) -> _Run over the chain blocks ending at or before ``limit`` granules."""
+    """(kind, group) -> _Run over the chain blocks ending at or before ``limit`` granules.
+    The blocks the index finds in a row from the start are checked as one run when there are
+    ``WALK_RUN_MIN`` of them (``_passing_prefix``); the walk goes on block by block from the
+    first block that run did not pass (its reason, and what waits on the disk after it)."""
     gran, runs = layout.granule, {}
     for kind, gname in layout.chain_pools():
         g = layout.group(gname)
-        step, reads, stop, deferred = g.block_size // gran, [], None, []
-        cx = ctxs[gname]
-        for j in range(1, limit // step + 1):
+        bs, cx = g.block_size, ctxs[gname]
+        step, n_blocks = bs // gran, limit // (bs // gran)
+        reads, stop, deferred, first = [], None, [], 1
+        if n_blocks >= WALK_RUN_MIN:
+            found = list(map(index.chain[(kind, gname)].get,
+                             keys[step - 1:n_blocks * step:step]))
+            n_found = found.index(None) if None in found else n_blocks
+            if n_found >= WALK_RUN_MIN:
+                reads = _passing_prefix(pools[(kind, gname)], cx, found[:n_found], bs)
+                first = len(reads) + 1
+        for j in range(first, n_blocks + 1):
             key = keys[j * step - 1]
             c = check_object(pools, cx, kind, gname, index.chain_block(kind, gname, key),
-                             j * g.block_size, False, j * g.block_size, disk, key)
+                             j * bs, False, j * bs, disk, key)
             if c.ok and stop is None:
                 reads.append(c.read)
                 continue
@@ -159,6 +175,29 @@ def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
             deferred.append(c.deferred)        # keep walking what only waits on the disk
         runs[(kind, gname)] = _Run(reads, stop, deferred)
     return runs
+
+
+def _passing_prefix(pool, cx, blocks, bs):
+    """Reads of the longest prefix of ``blocks`` (chain blocks ending at bs, 2 bs, ...) that
+    passes layers 2-4, checked as one run: the same predicates ``check_object`` calls, each
+    once over the run's records as numpy columns (spec.dual's array mode), the ABI once per
+    distinct stored value."""
+    n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
+    stored = list(map(abi_of.__getitem__, blocks))
+    abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
+    ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
+    width = len(pool.rec_type._fields)
+    cols = np.fromiter(chain.from_iterable(map(pool.recs.__getitem__, blocks)), np.int64,
+                       n * width).reshape(n, width)
+    o = pool.rec_type._make(cols.T)
+    at = np.arange(bs, (n + 1) * bs, bs, dtype=np.int64)
+    mod = KIND_MODULE[kind]
+    for _name, fn in READY_CHECKS[kind]:
+        ok &= fn(mod, o, at, cx)
+    ok &= pool.bytes_ok_run(blocks)
+    m = n if ok.all() else int(np.argmin(ok))
+    return list(map(Read, map(ObjRef, repeat(kind, m), repeat(pool.group, m), blocks[:m]),
+                    at[:m].tolist(), o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m)))
 
 
 def check_group(layout, index, pools, ctxs, runs, g, H, key, disk=None):

@@ -90,6 +90,12 @@ class Pool:
         """Funnel layer 4 for one block: address and length on the GPU block alignment."""
         return can_hit_bytes(self.addr(b), self.block_nbytes, GPU_BLOCK_ALIGN)
 
+    def bytes_ok_run(self, blocks):
+        """``bytes_ok`` of each of ``blocks`` as one numpy column (the same spec predicate)."""
+        phys = np.fromiter(map(self.phys.__getitem__, blocks), np.int64, len(blocks))
+        return can_hit_bytes(self._base + phys * self._slot_bytes, self.block_nbytes,
+                             GPU_BLOCK_ALIGN)
+
     def copy(self, dst, src):
         """Block src's rows (every tensor, every layer) into block dst; returns bytes copied."""
         s, d = self.phys[src], self.phys[dst]

@@ -118,6 +118,11 @@ class PrefixIndex:
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
         return 0 if e is None else len(e.children)
 
+    def children_of(self, ref):
+        """The blocks (ids, same pool) hanging from block ``ref``."""
+        e = self.entries[(ref.kind, ref.group)].get(ref.block)
+        return [] if e is None else list(e.children)
+
     def chain_at(self, kind, group, keys, end):
         """The published chain block of (kind, group) ending at ``end`` on the chain whose
         keys are ``keys`` (None when end <= 0 or none is published)."""

@@ -530,6 +530,41 @@ class CacheManager:
         except TransitionRefused as e:
             raise Refused("relocation refused", (kind, group, block, str(e))) from None
 
+    @locked
+    def evict(self, kind, group, block):
+        """Evict a cached block now because its bytes are known bad (an engine's KV load into
+        it failed), with every chain block below it in its pool: their content was computed
+        from it, and their keys stay valid for the same tokens.  Deepest first, each through
+        its pool's eviction path (spec ``evict``), never spilled to disk.  All or nothing:
+        while any of them is not cached (pinned by a request, being written, ...) Refused
+        names it with its state and nothing changes (call again once it is released)."""
+        pool = self._pool(kind, group)
+        check_count("block", block)
+        if block >= pool.n:
+            raise BadArgument("no such block", block)
+        pk, below, order = (kind, group), [block], []
+        while below:                                     # the subtree, parents before children
+            b = below.pop()
+            order.append(b)
+            below += self.index.children_of(ObjRef(kind, group, b))
+        for b in order:
+            if b not in self.evictor.cached[pk] or (
+                    pool.recs[b].st != STALE and pool.target(b, "evict") is None):
+                raise Refused("only a cached block can be evicted",
+                              (kind, group, b, STATE_NAMES[pool.recs[b].st]))
+        for b in reversed(order):
+            self.evictor.drop(ObjRef(kind, group, b))
+            self.metrics.evicted(kind)
+
+    def page_owner(self, page):
+        """The ObjRef of the block holding arena page ``page`` (one of its pages), None while
+        the page is free (reads only: an engine that names blocks by page, e.g. vLLM's ids)."""
+        check_count("page", page)
+        if self.arena is None or page >= self.arena.num_pages:
+            raise BadArgument("no such arena page", page)
+        kind, group, block = self.arena.owner_of(page)
+        return None if group is None else ObjRef(kind, group, block)
+
     def check_invariants(self):
         """Assert every spec invariant on the whole runtime state (hybridkv.cache.checked);
         raises InvariantViolation naming the first that fails."""

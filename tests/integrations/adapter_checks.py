@@ -280,3 +280,24 @@ def test_a_block_is_keyed_by_vllm_s_hash_with_its_lookahead_tokens():
     assert kv.allocate_slots(a, 1) is not None
     assert kv.get_computed_blocks(req("q", list(range(2 * BS)) + [5, 7]))[1] == 2 * BS
     assert kv.get_computed_blocks(req("r", list(range(2 * BS)) + [6, 7]))[1] == BS
+
+
+def test_blocks_reported_bad_are_never_hit_as_in_stock_vllm():
+    """vLLM's Scheduler calls ``evict_blocks`` with a failed KV load's blocks and the ones
+    after them (its 'fail' policy) while the request still holds them, then fails the
+    request.  No lookup may resume through them: not while held, not after the free.  The
+    hit lengths are stock vLLM's on the same calls."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Stock
+    hits = {}
+    for side, make in (("ours", KVCacheManager), ("stock", Stock)):
+        kv = make(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
+                  hash_block_size=BS, enable_caching=True)
+        a = request("a", list(range(100)))
+        prefill(kv, a)
+        ids = kv.get_block_ids("a")[0]
+        kv.evict_blocks(set(ids[2:]))                 # the load failed at block 2
+        held = kv.get_computed_blocks(request("b", list(range(100))))[1]
+        kv.free(a)
+        after = kv.get_computed_blocks(request("c", list(range(100))))[1]
+        hits[side] = (held, after)
+    assert hits["ours"] == hits["stock"] == (32, 32)

@@ -63,9 +63,6 @@ class UnusedMachinery:
     def record_blocks_for_zeroing(self, request_id, start_token):
         """No-op: no connector load writes into hybridkv's blocks."""
 
-    def evict_blocks(self, block_ids):
-        """No-op: the CacheManager has no public eviction by block (see the module README)."""
-
     def take_boundary_state_offloads(self):
         return {}
 

@@ -16,6 +16,8 @@ KV events (events.py).
   free                                    the computed tokens committed, free(rid)
   block ids                               tables(rid) slots (arena page ids) -> vllm_id
   take_events / take_kv_cache_block_copies  take_events() / commit's and Allocation's copies
+  evict_blocks(ids) (a KV load failed)    evict(page_owner(id - 1)) now or once released;
+                                          lookups stay below them meanwhile (bad_blocks.py)
 Positions past ``request.num_tokens`` (speculative tokens, lookahead) are allocated and never
 committed before their token ids are known: nothing unverified is published, and the ids vLLM's
 append-only block table holds stay valid (no hybridkv draft block to release on rejection).  A
@@ -23,6 +25,7 @@ request looked up without prefix caching gets a salt of its own: it neither hits
 """
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused, StaleRead
+from hybridkv.integrations.vllm.bad_blocks import BadBlocks
 from hybridkv.integrations.vllm.block_ids import block_pages, num_pages
 from hybridkv.integrations.vllm.blocks import VllmBlocks
 from hybridkv.integrations.vllm.commits import Commits
@@ -69,6 +72,7 @@ class KVCacheManager(UnusedMachinery):
         self.events = []                                        # vLLM KV events to take
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
         self.commits = Commits(self.copies)
+        self.bad = BadBlocks()                                  # bytes reported bad, held
         self.block_pool = BlockPoolFacade(self)
         self.coordinator = CoordinatorFacade(self)
 
@@ -132,8 +136,13 @@ class KVCacheManager(UnusedMachinery):
         """hybridkv's plan resuming at most at ``limit`` (it looks up limit + 1 tokens: one to
         compute); the request is tracked with the plan's window snapshots."""
         keyed = self._keyed(request) if keyed is None else keyed
-        plan = self.cache.lookup(request.request_id, token_ids(request, 0, limit + 1, keyed),
-                                 salt)
+        while True:                    # never through a block whose bytes vLLM reported bad
+            plan = self.cache.lookup(request.request_id,
+                                     token_ids(request, 0, limit + 1, keyed), salt)
+            below = self.bad.limit(plan)
+            if below is None:
+                break
+            limit = below
         windows = {r.ref.group: self.cache.slot(r.ref) for r in plan.reads
                    if r.exact and r.ref.kind == "swa"}
         self.tracked[request.request_id] = Tracked(request, plan.reuse_tokens, keyed,
@@ -267,7 +276,16 @@ class KVCacheManager(UnusedMachinery):
             track.target = max(track.target, request.num_computed_tokens)
             self.commits.advance(self.cache, track)
         self.cache.free(request.request_id)
+        if self.bad.held:
+            self.bad.retry(self.cache)
         self._drain(request)
+
+    def evict_blocks(self, block_ids):
+        """vLLM's ids of blocks whose bytes a failed KV load left bad: out of the prefix cache
+        now, or as soon as their holders release them; no lookup resumes through them
+        (bad_blocks.py)."""
+        self.bad.report(self.cache, block_ids)
+        self._drain(None)
 
     def reset_prefix_cache(self):
         """Drop every cached block (a fresh CacheManager), only while no request holds any:
@@ -277,6 +295,7 @@ class KVCacheManager(UnusedMachinery):
         self.tracked.clear()
         self.commits.clear()
         self.cache = self._new_cache()
+        self.bad.clear()
         self.feed.clear()
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())

@@ -133,6 +133,7 @@ class CacheManager:
         self.events = [] if events else None           # CacheEvent feed (take_events)
         self.writer.events = self.evictor.events = self.events
         self.requests = {}
+        self.num_detached = 0          # handles detach has handed out
         self.spec_cfg = None       # set by for_spec: the abstract configuration it mirrors
         self.holders = []          # other pin holders (e.g. an object-level driver)
         self.lock = threading.RLock()
@@ -462,6 +463,19 @@ class CacheManager:
         if req.phase != LOOKED:
             self.writer.release(req)
         del self.requests[request_id]
+
+    @locked
+    def detach(self, request_id):
+        """Keep everything the request holds under a new handle and free its id for reuse,
+        for an engine whose in-flight step may still write the request's blocks after it is
+        done with the request (vLLM's deferred free): nothing is released, its blocks stay
+        held (neither free nor evictable) until ``free(handle)``.  Returns the handle."""
+        req = self._request(request_id)
+        self.num_detached += 1
+        handle = ("detached", self.num_detached)
+        req.request_id = handle
+        self.requests[handle] = self.requests.pop(request_id)
+        return handle
 
     # -- cache-wide --------------------------------------------------------------------------
     @locked

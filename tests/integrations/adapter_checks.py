@@ -301,3 +301,29 @@ def test_blocks_reported_bad_are_never_hit_as_in_stock_vllm():
         after = kv.get_computed_blocks(request("c", list(range(100))))[1]
         hits[side] = (held, after)
     assert hits["ours"] == hits["stock"] == (32, 32)
+
+
+def test_a_deferred_free_holds_every_page_until_vllm_hands_the_blocks_back():
+    """``pop_blocks_for_free`` (an in-flight step may still write the blocks): nothing
+    becomes free or evictable, the request id is reusable at once, and ``free_blocks`` of
+    the returned blocks releases them.  The counts are stock vLLM's on the same calls."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Stock
+    seen = {}
+    for side, make in (("ours", KVCacheManager), ("stock", Stock)):
+        kv = make(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
+                  hash_block_size=BS, enable_caching=True)
+        start = kv.block_pool.get_num_free_blocks()
+        a = request("a", list(range(100)))
+        prefill(kv, a)
+        running = kv.block_pool.get_num_free_blocks()
+        blocks = kv.pop_blocks_for_free(a)
+        popped = kv.block_pool.get_num_free_blocks()
+        again = request("a", list(range(200, 264)))         # the id comes back at once
+        prefill(kv, again)
+        both = kv.block_pool.get_num_free_blocks()
+        kv.block_pool.free_blocks(reversed(blocks))
+        back = kv.block_pool.get_num_free_blocks()
+        kv.free(again)
+        seen[side] = (start - running, len(blocks), running - popped, popped - both,
+                      back - both)
+    assert seen["ours"] == seen["stock"] == (7, 7, 0, 4, 7)

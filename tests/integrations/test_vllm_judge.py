@@ -16,7 +16,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PARENT = os.path.dirname(REPO)
 EXPECTED = os.path.join(REPO, "tests", "integrations", "vllm_expected.txt")
 GATE = os.path.join(REPO, "scripts", "vllm_gate.py")
-FILES = ("test_scheduler.py", "test_prefix_caching.py", "test_swa_inflight_window_free.py")
+FILES = ("test_scheduler.py", "test_prefix_caching.py", "test_swa_inflight_window_free.py",
+         "test_deferred_block_free.py")
 
 
 def test_every_expected_entry_says_why_and_which_kind():

@@ -45,11 +45,6 @@ class UnusedMachinery:
     def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
-    def pop_blocks_for_free(self, request):
-        """hybridkv releases at free (no deferred return): frees now, returns no blocks."""
-        self.free(request)
-        return []
-
     def get_num_common_prefix_blocks(self, running_request_id):
         return [0] * self.num_kv_cache_groups
 
@@ -220,7 +215,7 @@ class BlockPoolFacade:
         return m.blocks.block(vllm_id(m.pages_of(m.cache.slot(ref))[sub]))
 
     def free_blocks(self, blocks):
-        """No-op: ``pop_blocks_for_free`` hands out no blocks (hybridkv frees at free)."""
+        self.manager.free_blocks(blocks)
 
     def evict_blocks(self, block_ids):
         self.manager.evict_blocks(block_ids)

@@ -30,6 +30,7 @@ from hybridkv.integrations.vllm.block_ids import block_pages, num_pages
 from hybridkv.integrations.vllm.blocks import VllmBlocks
 from hybridkv.integrations.vllm.commits import Commits
 from hybridkv.integrations.vllm.copies import WorkerCopies
+from hybridkv.integrations.vllm.deferred import DeferredFrees
 from hybridkv.integrations.vllm.events import VllmEvents
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
@@ -73,6 +74,7 @@ class KVCacheManager(UnusedMachinery):
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
         self.commits = Commits(self.copies)
         self.bad = BadBlocks()                                  # bytes reported bad, held
+        self.deferred = DeferredFrees()                         # popped, blocks not back yet
         self.block_pool = BlockPoolFacade(self)
         self.coordinator = CoordinatorFacade(self)
 
@@ -267,15 +269,46 @@ class KVCacheManager(UnusedMachinery):
         """Release the request: its computed tokens committed (the last checkpoints captured:
         their copies run before the next step, after every step scheduled so far), all it
         holds given back; what it published stays cached."""
+        if self._settle(request):
+            self.cache.free(request.request_id)
+            self._released(request)
+
+    def pop_blocks_for_free(self, request):
+        """vLLM's deferred free (deferred.py): the request settled and forgotten like
+        ``free``, but everything it holds stays held under a detached handle until vLLM
+        hands the returned blocks back (``block_pool.free_blocks``)."""
+        blocks = [b for group in self.get_blocks(request.request_id).blocks for b in group
+                  if not b.is_null]
+        if not self._settle(request):
+            return []
+        if not blocks:
+            self.cache.free(request.request_id)
+            self._released(request)
+            return []
+        self.deferred.hold(self.cache.detach(request.request_id),
+                           [b.block_id for b in blocks])
+        self._drain(request)
+        return blocks
+
+    def free_blocks(self, blocks):
+        """Blocks vLLM hands back after a deferred free: their detached requests go."""
+        for handle in self.deferred.release([b.block_id for b in blocks]):
+            self.cache.free(handle)
+        self._released(None)
+
+    def _settle(self, request):
+        """Commit the request's computed tokens and forget it; False when untracked."""
         track = self.tracked.pop(request.request_id, None)
         self.commits.forget(request.request_id)
         if track is None:
-            return
+            return False
         if track.started:
             track.request = request
             track.target = max(track.target, request.num_computed_tokens)
             self.commits.advance(self.cache, track)
-        self.cache.free(request.request_id)
+        return True
+
+    def _released(self, request):
         if self.bad.held:
             self.bad.retry(self.cache)
         self._drain(request)
@@ -290,7 +323,7 @@ class KVCacheManager(UnusedMachinery):
     def reset_prefix_cache(self):
         """Drop every cached block (a fresh CacheManager), only while no request holds any:
         True when reset, False otherwise."""
-        if any(t.started for t in self.tracked.values()):
+        if self.deferred or any(t.started for t in self.tracked.values()):
             return False
         self.tracked.clear()
         self.commits.clear()

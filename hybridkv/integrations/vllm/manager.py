@@ -36,7 +36,7 @@ from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFaca
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
-                                                  known_positions, salt_of, token_ids)
+                                                  TranslatedIds, known_positions, salt_of)
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
@@ -75,6 +75,7 @@ class KVCacheManager(UnusedMachinery):
         self.commits = Commits(self.copies)
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
+        self.prompt_ids = {}                    # request id -> TranslatedIds (lookups reuse)
         self.block_pool = BlockPoolFacade(self)
         self.coordinator = CoordinatorFacade(self)
 
@@ -138,9 +139,11 @@ class KVCacheManager(UnusedMachinery):
         """hybridkv's plan resuming at most at ``limit`` (it looks up limit + 1 tokens: one to
         compute); the request is tracked with the plan's window snapshots."""
         keyed = self._keyed(request) if keyed is None else keyed
+        ids = self.prompt_ids.get(request.request_id)
+        if ids is None or not ids.fits(request, keyed):
+            ids = self.prompt_ids[request.request_id] = TranslatedIds(request, keyed)
         while True:                    # never through a block whose bytes vLLM reported bad
-            plan = self.cache.lookup(request.request_id,
-                                     token_ids(request, 0, limit + 1, keyed), salt)
+            plan = self.cache.lookup(request.request_id, ids.upto(limit + 1), salt)
             below = self.bad.limit(plan)
             if below is None:
                 break
@@ -300,6 +303,7 @@ class KVCacheManager(UnusedMachinery):
         """Commit the request's computed tokens and forget it; False when untracked."""
         track = self.tracked.pop(request.request_id, None)
         self.commits.forget(request.request_id)
+        self.prompt_ids.pop(request.request_id, None)
         if track is None:
             return False
         if track.started:
@@ -326,6 +330,7 @@ class KVCacheManager(UnusedMachinery):
         if self.deferred or any(t.started for t in self.tracked.values()):
             return False
         self.tracked.clear()
+        self.prompt_ids.clear()
         self.commits.clear()
         self.cache = self._new_cache()
         self.bad.clear()

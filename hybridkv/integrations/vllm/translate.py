@@ -71,6 +71,25 @@ def token_ids(request, start, end, hash_block_size=0):
     return ids
 
 
+class TranslatedIds:
+    """One request's ``token_ids``, translated once per position: vLLM's token ids and block
+    hashes only grow and callers ask only within ``known_positions``, so an id once known
+    never changes (a waiting request is looked up again every step: only its new positions
+    are translated)."""
+
+    def __init__(self, request, hash_block_size):
+        self.request, self.hash_block_size, self.ids = request, hash_block_size, []
+
+    def fits(self, request, hash_block_size):
+        return request is self.request and hash_block_size == self.hash_block_size
+
+    def upto(self, end):
+        """The ids of positions [0, end)."""
+        if len(self.ids) < end:
+            self.ids += token_ids(self.request, len(self.ids), end, self.hash_block_size)
+        return self.ids[:end]
+
+
 def known_positions(request, hash_block_size=0):
     """Positions whose hybridkv token id is known (``token_ids``): a block's last position
     waits for vLLM's hash of the block (after its lookahead tokens exist)."""

@@ -69,10 +69,14 @@ def group_of(i, spec):
                                   "groups", {"group": i, "value": sorted(map(str, mapped))})
         return mapped.pop()
     tokens_per_state = getattr(spec, "tokens_per_state", 1)
-    if name not in SUPPORTED or getattr(spec, "bounded_replay", False) or \
-            spec.block_size % tokens_per_state:
+    why = ("no hybridkv kind" if name not in SUPPORTED else
+           "bounded-replay window (DeepSeek-V4.1)" if getattr(spec, "bounded_replay", False)
+           else "block size not a multiple of tokens_per_state"
+           if spec.block_size % tokens_per_state else None)
+    if why is not None:
         raise UnsupportedSpec("hybridkv cannot manage this vLLM KV cache spec",
-                              {"group": i, "spec": name, "value": repr(spec)[:200]})
+                              {"group": i, "spec": name, "why": why,
+                               "value": repr(spec)[:200]})
     bs = spec.block_size
     if name in WINDOWED:
         window = getattr(spec, WINDOWED[name])

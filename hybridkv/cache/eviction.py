@@ -215,6 +215,11 @@ class Evictor:
         every one of them, leaves first)."""
         return self.pools[pk].n_free + len(self.cached[pk]) - len(self.blocked[pk])
 
+    def takeable_blocks(self, pk):
+        """The blocks of pool ``pk`` eviction can take (cached and not blocked)."""
+        blocked = self.blocked[pk]
+        return [b for b in self.cached[pk] if b not in blocked]
+
     # -- taking blocks back -----------------------------------------------------------------
     def victim(self, pk):
         """The next block to evict from pool ``pk``: a dead cached one, else the policy's

@@ -209,14 +209,8 @@ class Arena:
     def available(self, pools, evictor):
         """Pages an allocation could have now: free pages plus the pages of every pool's
         cached blocks eviction can take (Evictor.available counts only those, beside its free
-        blocks; a pool of k-page blocks: each one's pages, ``held_by``)."""
-        total = self.n_free
-        for pk, pool in pools.items():
-            if pool.pages_per_block == 1:
-                total += evictor.available(pk) - pool.n_free
-            else:
-                total += sum(self.held_by(pool, b) for b in evictor.takeable_blocks(pk))
-        return total
+        blocks; a pool of k-page blocks: the pages they hold)."""
+        return self.n_free + sum(evictor.takeable_pages(pk) for pk in pools)
 
     def held_by(self, pool, b):
         """Pages block ``b`` of ``pool`` holds now."""

@@ -10,6 +10,29 @@ from hybridkv.errors import BadArgument
 from spec.common import FREE
 
 
+class PageCountedSet(set):
+    """A set of blocks of a pool of k-page blocks that keeps the pages they hold
+    (``pages_held_by(b)`` when b joins: a cached block's pages do not change while cached),
+    so the evictor answers the pages eviction can take in O(1)."""
+
+    def __init__(self, pages_held_by):
+        super().__init__()
+        self.pages_held_by = pages_held_by
+        self.pages_of_block = {}      # block -> its pages when it joined
+        self.pages = 0                # their sum
+
+    def add(self, b):
+        if b not in self:
+            n = self.pages_of_block[b] = self.pages_held_by(b)
+            self.pages += n
+            super().add(b)
+
+    def discard(self, b):
+        if b in self:
+            self.pages -= self.pages_of_block.pop(b)
+            super().discard(b)
+
+
 class ArenaPool(Pool):
     """A pool whose block b holds arena page ``phys[b]`` from leaving FREE to returning to
     FREE (``NO_PAGE`` meanwhile), and in a pool of k-page blocks the sub-pages ``reach``
@@ -42,6 +65,10 @@ class ArenaPool(Pool):
     def give_sub(self, b, sub):
         """Block b gives back its sub-page ``sub`` (False when it holds none)."""
         return self.arena.give_sub(self.key, b, self.phys[b], sub)
+
+    def pages_held_by(self, b):
+        """Pages block b holds now (0 while FREE)."""
+        return self.arena.held_by(self, b)
 
     def sub_pages(self, b):
         """Block b's sub-pages 0..k-1 (``NO_PAGE`` where it holds none)."""

@@ -65,10 +65,13 @@ def page_owner_ok(page_state, owner_kind):
 
 
 def block_pages_ok(block_state, pages_owned, pages_per_block=1):
-    """A block holds exactly its pages while it is not FREE (one, or the k a pool's blocks
-    span when an engine names every page-sized unit: runtime ``block_pages``), and none while
-    FREE."""
-    return pages_owned == If(block_state == FREE, 0, pages_per_block)
+    """A block holds no page while FREE, and while it is not FREE between one (its first
+    page, its slot, taken when it left FREE) and the k its pool's blocks span when an engine
+    names every page-sized unit (runtime ``block_pages``: a window block's later pages are
+    taken as positions reach them and given back as the window slides past them).  With
+    k = 1: exactly one."""
+    return If(block_state == FREE, pages_owned == 0,
+              And(1 <= pages_owned, pages_owned <= pages_per_block))
 
 
 class PageMachine(StateMachine):

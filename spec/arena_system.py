@@ -5,7 +5,7 @@ A pool is a (kind, group) key; each of its blocks moves through its kind's machi
 (``spec.state.MACHINES``), by the spec's own events.  A block leaves FREE only taking a page
 in the same step (write, draft, load_start), returns to FREE only giving a page back (reject,
 evict, load_bad, drop_stale), and a relocation takes a fresh page and gives the old one
-(``hybridkv.cache.arena.ArenaPool``: ``_moved``, ``_fresh_slot``, ``_retire_slot``).
+(``hybridkv.cache.arena_pool.ArenaPool``: ``_moved``, ``_fresh_slot``, ``_retire_slot``).
 
 The page a block takes or gives is an argument: whatever page the runtime's bookkeeping
 names (its free list, a block's slot), the arena's guards (``spec.arena``) decide.  The

@@ -10,11 +10,18 @@ cap holds at every step, as it does in the spec, where every object enters trans
 that guard one at a time.
 
 In arena mode (``arena``: hybridkv.cache.arena.Arena) the capacity is the arena's pages: an
-allocation's total blocks against free pages plus every pool's takeable cached blocks, and
+allocation's blocks (one page each, its slot) plus the sub-pages its window positions and
+snapshots reach (``subs``: hybridkv.cache.subpages, where a pool's blocks span several pages)
+against free pages plus every pool's takeable cached blocks, and
 ``make_room`` lets the arena pick which pool gives pages back (each through its own eviction).
 """
 from hybridkv.errors import AdmissionRefused, RequestTooLarge
 from spec.funnel import can_admit_objects
+
+
+def _new_pages(need, subs):
+    """Pages new blocks take now: one each (its slot) and the sub-pages ``subs`` they reach."""
+    return sum(need.values()) + sum((subs or {}).values())
 
 
 class Admission:
@@ -27,7 +34,7 @@ class Admission:
     def in_transit(self):
         return sum(p.n_writing for p in self.pools.values()) + self.transit() + self.reserved
 
-    def make_room(self, need):
+    def make_room(self, need, subs=None):
         """Evict (and spill) for an admitted allocation (``check`` passed): its blocks are
         reserved meanwhile, so a spill enters transit only beside them under the cap; the
         check counted only blocks eviction can take, so this does not run short."""
@@ -35,23 +42,24 @@ class Admission:
         self.reserved += total
         try:
             if self.arena is not None:
-                self.arena.make_room(self.arena.pages(need), self.pools, self.evictor)
+                self.arena.make_room(_new_pages(need, subs), self.pools, self.evictor)
             for pk, k in need.items():
                 self.evictor.make_room(pk, k)     # arena mode: the pool already has k free
         finally:
             self.reserved -= total
 
-    def check(self, need, protect=()):
+    def check(self, need, protect=(), subs=None):
         """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
         it) unless every pool can supply its blocks from free + evictable ones, minus the
         ``protect``ed cached blocks about to be pinned, and the cap admits them all."""
-        held = {}
+        held = {}                     # pool key -> blocks (arena mode: their pages)
         for r in protect:
             pk = (r.ref.kind, r.ref.group)
             if self.evictor.takeable(r.ref):
-                held[pk] = held.get(pk, 0) + 1
+                held[pk] = held.get(pk, 0) + (1 if self.arena is None else
+                                              self.arena.held_by(self.pools[pk], r.ref.block))
         total = sum(need.values())
-        short, too_large = self._short_pages(need, held) if self.arena is not None \
+        short, too_large = self._short_pages(need, held, subs) if self.arena is not None \
             else self._short_blocks(need, held)
         n = self.in_transit()
         if not can_admit_objects(n, total, self.cap):
@@ -74,11 +82,11 @@ class Admission:
                 too_large[f"{pk[0]}/{pk[1]}"] = (k, self.pools[pk].n)
         return short, too_large
 
-    def _short_pages(self, need, held):
-        """Arena mode: every pool's blocks together (in pages) against the arena's free pages
-        plus every pool's takeable cached blocks."""
-        total = self.arena.pages(need)
-        avail = self.arena.available(self.pools, self.evictor) - self.arena.pages(held)
+    def _short_pages(self, need, held, subs):
+        """Arena mode: every pool's new pages together against the arena's free pages plus
+        every pool's takeable cached blocks."""
+        total = _new_pages(need, subs)
+        avail = self.arena.available(self.pools, self.evictor) - sum(held.values())
         short = {"arena": (total, avail)} if total > avail else {}
         num_pages = self.arena.num_pages
         return short, ({"arena": (total, num_pages)} if total > num_pages else {})

@@ -24,17 +24,22 @@ spill on eviction).  Never one global order across kinds.
 
 Blocks of several pages (``block_pages``: pool key -> k): an engine that keeps the bytes itself
 with one id per page-sized unit (vLLM: one KV block id per block_size tokens, while a window
-page spans W'/block_size of them) gives a pool's blocks k page ids each: every one taken and
-given back through the same guards, owned by the block, counted k times by admission and the
-giver (``spec.arena.block_pages_ok`` with k); the block table names the block by its first
-page (its slot), ``pages_of(slot)`` lists all k.  hybridkv's own tensors keep the block's rows
-at its first page (every page is as large as the largest block).
+page spans W'/block_size of them) gives a pool's blocks up to k page ids each, sub-page s for
+the block's s-th k-th of its rows.  A block takes its first page (sub-page 0, its slot: the
+block table names the block by it) when it leaves FREE; ``reach`` takes later sub-pages as
+the positions they hold are reached (hybridkv.cache.subpages), ``give_sub`` gives one back
+once the window slid past it, the rest return when the block returns to FREE.  Every page is
+taken and given back through the same guards and owned by exactly that block of that pool
+(``spec.arena.block_pages_ok`` with k: between 1 and k while held); ``pages_of(slot)`` lists
+the k sub-pages (``NO_PAGE`` where one is not held).  A cached (evictable) block of such a
+pool is a window snapshot, holding the sub-pages its rows need: ``available`` and the giver
+count the pages each such block holds.  hybridkv's own tensors keep the block's rows at its
+first page (every page is as large as the largest block).
 """
 import torch
 
-from hybridkv.cache.pool import ObjRef, Pool
+from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.storage import DTYPES
-from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
 from hybridkv.layout import ITEMSIZE, slot_bytes
 from spec.arena import (NO_KIND, PAGE_FREE, PAGE_OWNED, block_pages_ok, can_give, can_take,
@@ -53,8 +58,8 @@ class Arena:
             raise BadArgument("num_pages must be a positive int", num_pages)
         block_pages = dict(block_pages or {})
         for pk, k in block_pages.items():
-            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_pages:
-                raise BadArgument("pages per block must be an int in [1, num_pages]", (pk, k))
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise BadArgument("pages per block must be a positive int", (pk, k))
         if page_nbytes <= 0 or page_nbytes % GPU_BLOCK_ALIGN:
             raise BadArgument("page bytes must be a positive multiple of the alignment",
                               page_nbytes)
@@ -69,7 +74,7 @@ class Arena:
         self.free = list(range(num_pages - 1, -1, -1))       # stack of free pages
         self.pages_held = {}                                 # pool key -> pages it owns
         self.block_pages = block_pages                       # pool key -> pages a block takes
-        self.more_pages = {}                                 # first page -> the block's others
+        self.more_pages = {}        # first page -> sub-pages 1..k-1 of its block (or NO_PAGE)
 
     @property
     def n_free(self):
@@ -100,52 +105,100 @@ class Arena:
     def pages_per_block(self, pool_key):
         return self.block_pages.get(pool_key, 1)
 
-    def pages(self, need):
-        """Pages the blocks ``need`` (pool key -> blocks) take."""
-        return sum(k * self.block_pages.get(pk, 1) for pk, k in need.items())
-
     def pages_of(self, page):
-        """Every page of the block whose first page is ``page``."""
+        """Sub-pages 0..k-1 of the block whose first page is ``page`` (``NO_PAGE`` where the
+        block holds none)."""
         return [page, *self.more_pages.get(page, ())]
 
-    # -- pages change owner only while FREE ----------------------------------------------------
-    def take(self, pool_key, block):
-        """The free pages on top of the free list (``pages_per_block``), now owned by block
-        ``block`` of pool ``pool_key`` (which just left FREE): the first one, its slot.
-        ``spec.arena.can_take`` refuses a page that is not FREE (a free list naming a held
-        page) and nothing changes."""
-        k = self.pages_per_block(pool_key)
-        if len(self.free) < k:
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
-        pages = self.free[-k:][::-1]
-        for page in pages:
-            if not can_take(self.page_state[page]):
-                raise InvariantViolation("arena_routing", ("page taken while owned", page,
-                                                           self.owner_of(page), pool_key,
-                                                           block))
-        del self.free[-k:]
-        for page in pages:
-            self.page_state[page], self.owner[page], self.owner_block[page] = \
-                PAGE_OWNED, pool_key, block
-        self.pages_held[pool_key] += k
-        if k > 1:
-            self.more_pages[pages[0]] = pages[1:]
-        return pages[0]
+    def held_pages(self, page):
+        """The pages the block whose first page is ``page`` holds."""
+        return [p for p in self.pages_of(page) if p != NO_PAGE]
 
-    def give(self, pool_key, block, page):
-        """The pages of the block whose slot is ``page`` are free again: block ``block`` of
-        pool ``pool_key`` returned to FREE (or moved).  ``spec.arena.can_give`` refuses a give
-        by anyone but a page's owner (a FREE page has none) and nothing changes."""
-        pages = self.pages_of(page)
+    # -- pages change owner only while FREE ----------------------------------------------------
+    def _take_page(self, pool_key, block):
+        """The free page on top of the free list, now owned by block ``block`` of pool
+        ``pool_key``.  ``spec.arena.can_take`` refuses a page that is not FREE (a free list
+        naming a held page) and nothing changes."""
+        if not self.free:
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        page = self.free[-1]
+        if not can_take(self.page_state[page]):
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key, block))
+        self.free.pop()
+        self.page_state[page], self.owner[page], self.owner_block[page] = \
+            PAGE_OWNED, pool_key, block
+        self.pages_held[pool_key] += 1
+        return page
+
+    def _check_give(self, pool_key, block, pages):
         for p in pages:
             if not can_give(*self.owner_of(p), *pool_key, block):
                 raise InvariantViolation("arena_routing", ("page given back by a non-owner", p,
                                                            self.owner_of(p), pool_key, block))
+
+    def _give_page(self, pool_key, page):
+        self.page_state[page], self.owner[page], self.owner_block[page] = \
+            PAGE_FREE, None, NO_PAGE
+        self.free.append(page)
+        self.pages_held[pool_key] -= 1
+
+    def take(self, pool_key, block):
+        """Block ``block`` of pool ``pool_key`` just left FREE: its first page (its slot),
+        taken through ``spec.arena.can_take``; no sub-page yet."""
+        page = self._take_page(pool_key, block)
+        k = self.pages_per_block(pool_key)
+        if k > 1:
+            self.more_pages[page] = [NO_PAGE] * (k - 1)
+        return page
+
+    def reach(self, pool_key, block, page, subs):
+        """Sub-pages ``subs`` (1..k-1) of the block whose first page is ``page``, taken now
+        where the block does not hold them yet: all or nothing (too few free pages, or a block
+        that is not the slot's owner, changes nothing)."""
+        more = self.more_pages.get(page)
+        if more is None or any(not 1 <= s <= len(more) for s in subs):
+            raise BadArgument("no such sub-page of the block", (pool_key, block, page, subs))
+        self._check_give(pool_key, block, [page])        # only the block's owner grows it
+        missing = sorted({s for s in subs if more[s - 1] == NO_PAGE})
+        if len(missing) > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        for s in missing:
+            more[s - 1] = self._take_page(pool_key, block)
+        return len(missing)
+
+    def give_sub(self, pool_key, block, page, sub):
+        """Sub-page ``sub`` of the block whose first page is ``page`` is free again (the
+        window slid past its positions); by its owner only (``spec.arena.can_give``),
+        otherwise nothing changes.  False when the block does not hold it."""
+        more = self.more_pages.get(page)
+        if more is None or not 1 <= sub <= len(more):
+            raise BadArgument("no such sub-page of the block", (pool_key, block, page, sub))
+        p = more[sub - 1]
+        if p == NO_PAGE:
+            return False
+        self._check_give(pool_key, block, [page, p])
+        more[sub - 1] = NO_PAGE
+        self._give_page(pool_key, p)
+        return True
+
+    def give(self, pool_key, block, page):
+        """Every page of the block whose slot is ``page`` is free again: block ``block`` of
+        pool ``pool_key`` returned to FREE.  ``spec.arena.can_give`` refuses a give by anyone
+        but a page's owner (a FREE page has none) and nothing changes."""
+        pages = self.held_pages(page)
+        self._check_give(pool_key, block, pages)
         self.more_pages.pop(page, None)
         for p in pages:
-            self.page_state[p], self.owner[p], self.owner_block[p] = PAGE_FREE, None, NO_PAGE
-            self.free.append(p)
-        self.pages_held[pool_key] -= len(pages)
+            self._give_page(pool_key, p)
+
+    def move_slot(self, pool_key, block, old, new):
+        """A relocation moved the block from first page ``old`` to ``new`` (taken): ``old``
+        is free again, the sub-pages stay the block's."""
+        self._check_give(pool_key, block, [old])
+        if old in self.more_pages:
+            self.more_pages[new] = self.more_pages.pop(old)
+        self._give_page(pool_key, old)
 
     def owner_of(self, page):
         """(kind, group, block) owning ``page``; ``NOBODY`` while it is FREE."""
@@ -154,10 +207,14 @@ class Arena:
 
     # -- capacity across kinds ----------------------------------------------------------------
     def available(self, pools, evictor):
-        """Pages an allocation could have now: free pages plus every pool's cached blocks
-        eviction can take (Evictor.available counts only those, beside its free blocks)."""
-        return self.n_free + sum((evictor.available(pk) - pool.n_free) *
-                                 self.pages_per_block(pk) for pk, pool in pools.items())
+        """Pages an allocation could have now: free pages plus the pages of every pool's
+        cached blocks eviction can take (Evictor.available counts only those, beside its free
+        blocks; a pool of k-page blocks: the pages they hold)."""
+        return self.n_free + sum(evictor.takeable_pages(pk) for pk in pools)
+
+    def held_by(self, pool, b):
+        """Pages block ``b`` of ``pool`` holds now."""
+        return len(self.held_pages(pool.phys[b])) if pool.phys[b] != NO_PAGE else 0
 
     def giver(self, pools, evictor):
         """The pool that gives a page back: the one whose own victim is cheapest to recompute
@@ -170,7 +227,7 @@ class Arena:
             if b is None:
                 continue
             reachable = evictor.index.reachable(ObjRef(pk[0], pk[1], b))
-            cost = (pool.recs[b][COVERED] * pool.n_layers / self.pages_per_block(pk)
+            cost = (pool.recs[b][COVERED] * pool.n_layers / max(1, self.held_by(pool, b))
                     if reachable else 0, -self.pages_held[pk])
             if best_cost is None or cost < best_cost:
                 best, best_cost = pk, cost
@@ -191,10 +248,11 @@ class Arena:
         """Problems (empty list = sound).  The spec's state routing (``spec.arena_system``:
         ``arena_routing``, ``arena_accounting``, ``page_count``), through its per-page and
         per-block rules: a FREE page has no owner and an OWNED one has one, every non-FREE
-        block owns exactly its pages (one, or its pool's ``block_pages``) and a FREE block
-        none, owned pages == the non-FREE blocks' pages.  And the runtime's own bookkeeping: a
-        block's slot names the pages it owns (so no page is held twice), a FREE block holds no
-        slot, free pages sit on the free list once, the per-owner counts agree."""
+        block owns between one and its pool's ``block_pages`` pages and a FREE block none,
+        owned pages == the pages the non-FREE blocks name.  And the runtime's own bookkeeping:
+        a block's slot and sub-pages name exactly the pages it owns (so no page is held twice
+        and none leaks), a FREE block holds no slot, free pages sit on the free list once, the
+        per-owner counts agree."""
         bad, owned = [], {}
         for page in range(self.num_pages):
             kind, group, block = self.owner_of(page)
@@ -206,13 +264,14 @@ class Arena:
         for pk, pool in pools.items():
             for b, rec in enumerate(pool.recs):
                 pages, page = owned.pop((pk, b), []), pool.phys[b]
-                n_held += (rec.st != FREE) * self.pages_per_block(pk)
+                if rec.st != FREE:
+                    n_held += len(self.held_pages(page)) if page != NO_PAGE else 0
                 if not block_pages_ok(rec.st, len(pages), self.pages_per_block(pk)):
                     bad.append(("block-pages", pk, b, rec.st, pages))
                 if rec.st == FREE:
                     if page != NO_PAGE:
                         bad.append(("page-of-free-block", pk, b, page))
-                elif page not in pages or sorted(self.pages_of(page)) != sorted(pages):
+                elif page not in pages or sorted(self.held_pages(page)) != sorted(pages):
                     bad.append(("page-owner", pk, b, page))
         if owned or n_owned != n_held:
             bad.append(("page-leaked", n_owned, n_held, sorted(owned)[:3]))
@@ -234,64 +293,3 @@ class Arena:
         waste = sum(padded[name] * n for name, n in used.items()) / n_used if n_used else 0.0
         return {"pages": self.num_pages, "page_bytes": self.page_nbytes, "free": self.n_free,
                 "used": used, "padding_waste": {**padded, "held": waste}}
-
-
-class ArenaPool(Pool):
-    """A pool whose block b holds arena page ``phys[b]`` from leaving FREE to returning to
-    FREE (``NO_PAGE`` meanwhile); ``num_pages`` spec records; a relocation moves to another
-    free page."""
-
-    def __init__(self, kind, group, arena, tensors, abi, ctx, checked=False,
-                 on_transition=None):
-        self.arena, self.key = arena, (kind, group.name)
-        super().__init__(kind, group, arena.num_pages, tensors, abi, ctx, arena.device, checked,
-                         on_transition)
-        self.phys = [NO_PAGE] * self.n
-        self.spare = None                     # no spare slot: relocation takes free pages
-        self.k = arena.pages_per_block(self.key)        # pages a block of this pool takes
-
-    def _make_storage(self, tensors, dtype, device):
-        return self.arena.views(self.key, tensors, self.n_layers, dtype)
-
-    def alloc(self):
-        """A FREE block id, or None when the arena has no pages for it to take."""
-        return super().alloc() if self.arena.n_free >= self.k else None
-
-    def alloc_run(self, n):
-        """At most as many FREE block ids as the arena has pages for them to take."""
-        return super().alloc_run(min(n, self.arena.n_free // self.k))
-
-    def _moved(self, b, old, new):
-        super()._moved(b, old, new)
-        if old == FREE:
-            self.phys[b] = self.arena.take(self.key, b)
-        elif new == FREE:
-            self.arena.give(self.key, b, self.phys[b])
-            self.phys[b] = NO_PAGE
-
-    def _fresh_slot(self, b, st):
-        if self.arena.n_free < self.k:
-            raise TransitionRefused(self.kind, st, "relocate")
-        return self.arena.take(self.key, b)
-
-    def _retire_slot(self, b, slot):
-        self.arena.give(self.key, b, slot)
-
-    def _check_slots(self):
-        return []                             # pages: Arena.check, over every pool at once
-
-    def check_blocks(self, blocks):
-        """Pool.check_blocks, and: a held block's page is owned by this block of this pool, a
-        FREE block holds no page."""
-        bad, arena = super().check_blocks(blocks), self.arena
-        for b in blocks:
-            page = self.phys[b]
-            if self.recs[b].st == FREE:
-                if page != NO_PAGE:
-                    bad.append(("page-of-free-block", b, page))
-            elif page == NO_PAGE or arena.owner_of(page) != (*self.key, b):
-                bad.append(("page-owner", b, page))
-        return bad
-
-    def load_records(self, recs):
-        raise BadArgument("an arena pool takes no abstract start state", self.key)

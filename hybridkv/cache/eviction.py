@@ -17,6 +17,7 @@ parent's liveness (O(1) for a request extending its own pinned chain).
 """
 import contextlib
 
+from hybridkv.cache.arena_pool import PageCountedSet
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
@@ -37,6 +38,10 @@ class Evictor:
         self.live = {pk: set() for pk in pools}         # published, not cached or blocked
         self.live_below = {pk: {} for pk in pools}      # block -> its live children
         self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
+        for pk, pool in pools.items():                  # k-page blocks: their pages counted
+            if pool.pages_per_block > 1:
+                self.cached[pk] = PageCountedSet(pool.pages_held_by)
+                self.blocked[pk] = PageCountedSet(pool.pages_held_by)
         self.on_evict = on_evict                        # spill hook: called before a drop
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
@@ -215,6 +220,14 @@ class Evictor:
         every one of them, leaves first)."""
         return self.pools[pk].n_free + len(self.cached[pk]) - len(self.blocked[pk])
 
+    def takeable_pages(self, pk):
+        """Arena pages the cached blocks of pool ``pk`` eviction can take hold (a pool of
+        k-page blocks: their page counts; else one each)."""
+        cached, blocked = self.cached[pk], self.blocked[pk]
+        if isinstance(cached, PageCountedSet):
+            return cached.pages - blocked.pages
+        return len(cached) - len(blocked)
+
     # -- taking blocks back -----------------------------------------------------------------
     def victim(self, pk):
         """The next block to evict from pool ``pk``: a dead cached one, else the policy's
@@ -277,6 +290,10 @@ class Evictor:
                 if not self.index.published(pk[0], pk[1], b):
                     bad.append(("admitted-unpublished", pk, b))
             bad += self._check_live(pk)
+            for name, blocks in (("cached", self.cached[pk]), ("blocked", self.blocked[pk])):
+                if isinstance(blocks, PageCountedSet) and blocks.pages != sum(
+                        pool.pages_held_by(b) for b in blocks):
+                    bad.append((name + "-pages", pk, blocks.pages))
         return bad
 
     def _check_live(self, pk):

@@ -28,7 +28,8 @@ invariants after every public call (hybridkv.cache.checked).
 import threading
 
 from hybridkv.cache.admission import Admission
-from hybridkv.cache.arena import Arena, ArenaPool
+from hybridkv.cache.arena import Arena
+from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.funnel import HitPlan, Read, run_funnel
@@ -38,6 +39,7 @@ from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
                                    check_tokens)
 from hybridkv.cache.snapshots import Snapshots
+from hybridkv.cache.subpages import WindowSubPages, merged
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.cache.writer import ObjectWriter, fire_runs
 from hybridkv.errors import (AdmissionRefused, BadArgument, BadSalt, BadTokens,
@@ -128,8 +130,11 @@ class CacheManager:
         self.evictor = Evictor(self.pools, self.index, policy_factory, self.metrics)
         self.admission = Admission(self.pools, self.evictor, cap if cap is not None else
                                    num_pages or sum(sizes.values()), self._transit, self.arena)
-        self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, every_n)
-        self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots)
+        self.subpages = WindowSubPages(layout, self.pools)
+        self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, self.subpages,
+                                   every_n)
+        self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
+                                   self.subpages)
         self.events = [] if events else None           # CacheEvent feed (take_events)
         self.writer.events = self.evictor.events = self.events
         self.requests = {}
@@ -237,15 +242,17 @@ class CacheManager:
             self._check_plan(req)
         protect = req.plan.reads if first else ()
         need = self.writer.blocks_needed(req, end, draft_end)
-        self.admission.check(need, protect)              # O(pools): before any per-block work
+        subs = self.subpages.count(req, end, draft_end)
+        self.admission.check(need, protect, subs)        # O(pools): before any per-block work
         points = self.snapshots.points(req, start, end)
         if points:
             need = self.writer.blocks_needed(req, end, draft_end, points)
-            self.admission.check(need, protect)
+            subs = merged(subs, self.subpages.count_snapshots(points))
+            self.admission.check(need, protect, subs)
         restored, self.writer.copies = self.writer.restored_bytes, []
         if first:
             self._take_plan(req)
-        self.admission.make_room(need)
+        self.admission.make_room(need, subs)
         if first:
             self.writer.begin(req)
         self.writer.write(req, end, draft_end)
@@ -737,3 +744,14 @@ class CacheManager:
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
         end = start + num_new_tokens
         return self.writer.blocks_needed(req, end, end + num_draft_tokens)
+
+    @locked
+    def pages_needed(self, request_id, num_new_tokens, num_draft_tokens=0):
+        """pool key -> arena pages that allocation would take now (``blocks_needed``'s
+        blocks, plus the sub-pages its window positions reach where a pool's blocks span
+        several pages), without the snapshots of retention points (reads only)."""
+        need = self.blocks_needed(request_id, num_new_tokens, num_draft_tokens)
+        req = self.requests[request_id]
+        start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
+        end = start + num_new_tokens
+        return merged(need, self.subpages.count(req, end, end + num_draft_tokens))

@@ -41,6 +41,8 @@ class ObjRef(NamedTuple):
 
 
 class Pool:
+    pages_per_block = 1       # arena sub-pages a block spans (hybridkv.cache.arena_pool.ArenaPool)
+
     def __init__(self, kind, group, num_blocks, tensors, abi, ctx, device="cpu", checked=False,
                  on_transition=None):
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
@@ -70,7 +72,7 @@ class Pool:
     # -- data -------------------------------------------------------------------------------
     def _make_storage(self, tensors, dtype, device):
         """name -> ``[n_layers, slots, rows, dim]``: this pool's own tensors, one spare slot
-        (hybridkv.cache.arena.ArenaPool draws its slots from the arena instead)."""
+        (hybridkv.cache.arena_pool.ArenaPool draws its slots from the arena instead)."""
         return {name: storage(self.n_layers, self.n + 1, rows, dim, dtype, device)
                 for name, (rows, dim) in tensors.items()}
 

@@ -17,8 +17,9 @@ RETAINED = frozenset({"branch", "repeat", "every"})
 
 
 class Snapshots:
-    def __init__(self, layout, pools, index, evictor, every_n=0):
+    def __init__(self, layout, pools, index, evictor, subpages, every_n=0):
         self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
+        self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.copies = []             # SlotCopy of the captures since the manager last took them
@@ -61,6 +62,7 @@ class Snapshots:
             req.to_publish[P] = len(objs)
             req.pending_points.append(P)
             for o in objs:
+                self.subpages.fill_snapshot(o, P)
                 publish(req, o, True)
 
     def capture(self, req, P):

@@ -43,9 +43,10 @@ def fire_runs(pools, refs, event):
 
 
 class ObjectWriter:
-    def __init__(self, layout, pools, index, evictor, snapshots):
+    def __init__(self, layout, pools, index, evictor, snapshots, subpages):
         self.layout, self.pools, self.index = layout, pools, index
         self.evictor, self.snapshots = evictor, snapshots
+        self.subpages = subpages     # WindowSubPages: a window's sub-pages (k-page blocks)
         self.gran = layout.granule
         self.restored_bytes = 0      # snapshot bytes copied into working objects on hits
         self.copies = []             # those copies of the allocation in progress (Allocation)
@@ -93,7 +94,9 @@ class ObjectWriter:
                 fast = min(fast, len(tables.chain(kind)) * g.block_size)
             if window:
                 work = req.work[g.name]
-                fast = min(fast, len(tables.swa) * window)
+                fast = min(fast, len(tables.swa) * window,
+                           self.subpages.reached_end(g.name, A))
+                event = min(event, self.subpages.next_slide(req, g.name))
                 if work.pages:
                     event = min(event, (work.first_page + 2) * window - 1)
         for dq in req.chain.values():
@@ -145,6 +148,7 @@ class ObjectWriter:
                 for j in range(first, last + 1):
                     o = self._page(req, g, j)
                     self._restore(o, exact[("swa", g.name)])
+                self.subpages.reach(req, g.name, max(0, H - W), H)
 
     def _restore(self, o, src):
         pool = self.pools[(o.ref.kind, o.ref.group)]
@@ -244,6 +248,7 @@ class ObjectWriter:
                 W = g.window
                 for j in range(len(tables.swa), _ceil(draft_end, W)):
                     self._page(req, g, j, draft=int(j * W >= end))
+                self.subpages.reach(req, g.name, req.num_allocated_tokens, draft_end)
             if draft_end > end:
                 if "tail" in g.kinds:
                     work.draft_tail = Owned.write(self.pools[("tail", g.name)], end, 1)
@@ -354,6 +359,7 @@ class ObjectWriter:
                 tables.swa[work.first_page] = -1
                 work.first_page += 1
                 self.evictor.drop(o.ref, "reject")
+            self.subpages.slide(req, g.name, L)
 
     # -- drafts ---------------------------------------------------------------------------------
     def settle_drafts(self, req, accepted):

@@ -15,7 +15,7 @@ def old_counting(monkeypatch):
 def unreserved_spills(monkeypatch):
     """Eviction makes room without reserving the allocation: spills enter transit beside
     nothing, the allocation's blocks go on top (the old order)."""
-    def make_room(self, need):
+    def make_room(self, need, subs=None):
         for pk, k in need.items():
             self.evictor.make_room(pk, k)
     monkeypatch.setattr(Admission, "make_room", make_room)

@@ -12,7 +12,8 @@ from hypothesis.stateful import initialize, invariant
 
 import hybridkv as hk
 from hybridkv.cache import CacheManager
-from hybridkv.cache.arena import Arena, ArenaPool
+from hybridkv.cache.arena import Arena
+from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.engine import Engine, cold_mismatches
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from hybridkv.model import SeqWork

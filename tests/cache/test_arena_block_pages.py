@@ -1,14 +1,16 @@
 """Arena blocks of several pages (``CacheManager(num_pages=N, block_pages={pool: k})``): an
 engine with one id per page-sized unit (vLLM: a window page spans W'/block_size KV block ids)
-gets k distinct pages per block of that pool, owned by the pool while the block is held and
-given back together; admission and ``available_blocks`` count pages; invariants hold and the
-capacity comes back whole under a random run."""
+gets up to k distinct pages per block of that pool: its slot when it leaves FREE, the other
+sub-pages as the request's positions reach them, given back as the window slides past them,
+every one through the spec's guards; admission and ``available_blocks`` count pages; the
+invariants hold and the capacity comes back whole under a random run."""
 import random
 
 import pytest
 
 from hybridkv.cache import CacheManager
-from hybridkv.errors import AdmissionRefused, BadArgument
+from hybridkv.cache.arena import NO_PAGE
+from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation
 from hybridkv.layout import LayerGroup, ModelLayout
 from spec.common import FREE
 from tests.cache.helpers import commit_all
@@ -30,40 +32,104 @@ def held(m):
     for pk, pool in m.pools.items():
         for b, rec in enumerate(pool.recs):
             if rec.st != FREE:
-                for page in m.slot_pages(pool.slot(b)):
+                for page in m.arena.held_pages(pool.slot(b)):
                     assert page not in out, ("page held twice", page)
                     out[page] = pk
     return out
 
 
-def test_a_window_block_holds_its_k_pages():
+def window_pages(m, rid):
+    """The request's live window pages: slot -> its sub-pages (NO_PAGE where none)."""
+    return {s: m.slot_pages(s) for s in m.tables(rid)["g1"].swa if s >= 0}
+
+
+def test_a_window_block_takes_sub_pages_as_positions_reach_them_and_slides_them_back():
     m = mk(64)
     m.lookup("a", list(range(30)))
-    m.allocate("a", 30)
-    swa = [s for s in m.tables("a")["g1"].swa if s >= 0]
-    assert swa and all(len(m.slot_pages(s)) == 3 for s in swa)
-    assert all(m.slot_pages(s) == [s] for s in m.tables("a")["g0"].comp)
-    pages = held(m)
-    assert sum(pk == ("swa", "g1") for pk in pages.values()) == 3 * m.stats()["pools"][
-        "swa/g1"]["writing"]
-    assert m.available_blocks()[("comp", "g0")] == 64 - len(pages)
+    m.allocate("a", 1)                                # position 0: page 0's slot only
+    (slot, subs), = window_pages(m, "a").items()
+    assert subs[0] == slot and subs[1:] == [NO_PAGE, NO_PAGE]
+    m.commit("a", 1)
+    m.allocate("a", 5)                                # [1, 6): sub-page 1 too
+    assert m.slot_pages(slot)[1] != NO_PAGE and m.slot_pages(slot)[2] == NO_PAGE
+    m.commit("a", 5)
+    m.allocate("a", 8)                                # [6, 14): sub-page 2, page 1's slot
+    assert sorted(len(m.arena.held_pages(s)) for s in window_pages(m, "a")) == [1, 3]
     m.check_invariants()
+    m.commit("a", 8)
+    m.allocate("a", 10)                               # [14, 24)
+    m.commit("a", 5)                                  # settled 19: 19 - W + 1 = 8
+    sub2 = m.slot_pages(slot)[2]
+    assert m.slot_pages(slot) == [slot, NO_PAGE, sub2] and sub2 != NO_PAGE   # [4, 8) back
+    m.commit("a", 1)                                  # 20 - 11 = 9: sub-page 2 still read
+    assert m.slot_pages(slot)[2] != NO_PAGE
+    m.commit("a", 3)                                  # 23 - 11 = 12: page 0 given back
+    assert slot not in window_pages(m, "a")
+    m.check_invariants()
+    m.free("a")
+    m.check_invariants()
+    assert m.available_blocks()[("comp", "g0")] == 64
 
 
-def test_admission_counts_pages_and_a_refusal_changes_nothing():
-    tokens = list(range(24))                        # 6 full blocks + 2 pages (+ snapshots)
-    m1 = mk(16, block_pages=None)
-    m1.lookup("a", tokens)
-    m1.allocate("a", 24)                            # fits at one page per window block
-    m = mk(16)
-    m.lookup("a", tokens)
-    before = (m.available_blocks(), m.stats()["pools"])
+def test_admission_counts_only_the_pages_needed_now():
+    m = mk(2)                                         # k = 3 > 2 pages: still a cache
+    m.lookup("a", [5, 6, 7])
+    assert m.pages_needed("a", 2) == {("comp", "g0"): 1, ("swa", "g1"): 1}
+    m.allocate("a", 2)                                # 2 pages: a block and a window slot
+    assert len(held(m)) == 2 and m.arena.n_free == 0
+    m.check_invariants()
+    before = (m.available_blocks(), m.stats()["pools"], list(m.arena.free),
+              {s: list(p) for s, p in m.arena.more_pages.items()})
     with pytest.raises(AdmissionRefused) as err:
-        m.allocate("a", 24)
+        m.allocate("a", 3)                            # [2, 5): a block and sub-page 1 more
     total, avail = err.value.value["arena"]
-    assert total > avail == 16
-    assert (m.available_blocks(), m.stats()["pools"]) == before
+    assert total >= 2 and avail == 0
+    assert before == (m.available_blocks(), m.stats()["pools"], list(m.arena.free),
+                      {s: list(p) for s, p in m.arena.more_pages.items()})
     m.check_invariants()
+
+
+def test_a_sub_page_give_or_take_by_a_non_owner_is_refused_and_changes_nothing():
+    m = mk(16)
+    m.lookup("a", list(range(8)))
+    m.lookup("b", list(range(100, 108)))
+    m.allocate("a", 6)
+    m.allocate("b", 6)
+    pool = m.pools[("swa", "g1")]
+    (slot, subs), = window_pages(m, "a").items()
+    (other, _), = window_pages(m, "b").items()
+    owner = m.arena.owner_of(slot)
+    state = lambda: (bytes(m.arena.page_state), list(m.arena.owner),  # noqa: E731
+                     list(m.arena.owner_block), list(m.arena.free),
+                     {s: list(p) for s, p in m.arena.more_pages.items()})
+    before = state()
+    wrong = [(("swa", "g1"), m.arena.owner_of(other)[2]), (("comp", "g0"), owner[2])]
+    for pk, block in wrong:
+        with pytest.raises(InvariantViolation):
+            m.arena.give_sub(pk, block, slot, 1)
+        with pytest.raises(InvariantViolation):
+            m.arena.reach(pk, block, slot, [2])
+        assert state() == before
+    with pytest.raises(BadArgument):
+        pool.give_sub(owner[2], 3)                    # sub-pages are 1..k-1
+    assert state() == before
+    assert pool.give_sub(owner[2], 1) and m.slot_pages(slot)[1] == NO_PAGE
+    m.check_invariants()
+
+
+def test_check_catches_a_leaked_sub_page():
+    m = mk(16)
+    m.lookup("a", list(range(8)))
+    m.allocate("a", 6)
+    (slot, subs), = window_pages(m, "a").items()
+    assert m.arena.check(m.pools) == []
+    m.arena.more_pages[slot][0] = NO_PAGE             # the block forgets a page it owns
+    bad = m.arena.check(m.pools)
+    assert {b[0] for b in bad} >= {"page-owner", "page-leaked"}
+    with pytest.raises(InvariantViolation):
+        m.check_invariants()
+    m.arena.more_pages[slot][0] = subs[1]
+    assert m.arena.check(m.pools) == []
 
 
 def test_bad_block_pages_are_refused():
@@ -72,6 +138,7 @@ def test_bad_block_pages_are_refused():
     assert err.value.value == {("swa", "nope"): 2}
     with pytest.raises(BadArgument):
         mk(16, block_pages={("swa", "g1"): 0})
+    assert mk(2, block_pages={("swa", "g1"): 40}).arena.pages_per_block(("swa", "g1")) == 40
     with pytest.raises(BadArgument):
         CacheManager(LAY, num_blocks=16, device="meta", block_pages=K)
 
@@ -98,8 +165,10 @@ def test_a_random_run_keeps_the_invariants_and_gives_every_page_back():
     assert m.available_blocks()[("comp", "g0")] == 48       # evictable + free: every page
 
 
-def test_the_spec_page_rule_counts_a_block_s_k_pages():
+def test_the_spec_page_rule_lets_a_held_block_own_one_to_k_pages():
     from spec.arena import block_pages_ok
     from spec.common import READY
-    assert block_pages_ok(READY, 3, 3) and block_pages_ok(FREE, 0, 3)
-    assert not block_pages_ok(READY, 1, 3) and not block_pages_ok(FREE, 3, 3)
+    assert block_pages_ok(READY, 3, 3) and block_pages_ok(READY, 1, 3)
+    assert block_pages_ok(FREE, 0, 3)
+    assert not block_pages_ok(READY, 0, 3) and not block_pages_ok(READY, 4, 3)
+    assert not block_pages_ok(FREE, 1, 3) and not block_pages_ok(FREE, 3, 3)

@@ -189,6 +189,28 @@ def test_a_chunk_wider_than_the_window_gets_real_blocks():
     assert kv.get_block_ids("a")[0][:3] == [0, 0, 0]
 
 
+def test_a_window_takes_its_block_ids_as_positions_reach_them():
+    kv = manager(64, swa(64))                    # W' = 64: a window page spans 4 vLLM ids
+    a = request("a", list(range(200)))
+    free = kv.num_free_blocks()
+    got = kv.allocate_slots(a, 16)
+    assert got is not None and len(got.get_block_ids()[0]) == 1
+    assert free - kv.num_free_blocks() == 2      # that block, the snapshot at 16's one
+    a.num_computed_tokens = 16
+    assert kv.ids_needed("a", 16) == 1           # one more block, not the page's other 3
+    assert kv.coordinator.get_num_blocks_to_allocate("a", 32) == 1
+    assert kv.allocate_slots(a, 144) is not None                  # positions [16, 160)
+    a.num_computed_tokens, a.num_in_flight_tokens = 160, 144      # the step still runs
+    kv.cache_blocks(a, 160)                      # committed (and captured), nothing slides
+    before = kv.num_free_blocks()
+    a.num_in_flight_tokens = 0
+    kv.remove_skipped_blocks("a", 160)           # queries read [97, 160) from now on
+    ids = kv.get_block_ids("a")[0]
+    assert [i != 0 for i in ids] == [False] * 4 + [True, False] + [True] * 4
+    assert len(set(ids[4:5] + ids[6:])) == 5     # page 1's slot stays until it slides out
+    assert kv.num_free_blocks() - before == 5    # page 0's 4 ids and block 5 came back
+
+
 def test_an_in_flight_step_keeps_the_window_it_reads():
     kv = manager(64, swa(16))
     a = request("a", list(range(100)))

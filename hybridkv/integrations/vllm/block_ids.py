@@ -5,11 +5,15 @@ id 0 the null block); hybridkv's block arena (``CacheManager(layout, num_pages=N
 page id space shared by every pool.  One arena page is one vLLM block: page p is vLLM id p + 1
 (``num_pages`` = every id but the null block).  A full-attention block is one page; a
 sliding-window page of W' positions (the window rounded up to block_size) is W'/block_size
-vLLM blocks, so its pool's blocks take that many pages each (``block_pages``): the block table
-names the block by its first page, ``CacheManager.slot_pages`` lists all of them, and vLLM
+vLLM blocks, so its pool's blocks span that many pages (``block_pages``): the block table
+names the block by its first page, ``CacheManager.slot_pages`` lists its sub-pages, and vLLM
 block ``sub`` of the window page (positions whose ``position mod W'`` fall in it) is its page
-``sub``.  ``vllm_id`` is the only function that turns a page into an id.
+``sub``.  As in vLLM's SlidingWindowManager, a window block's pages are taken as the request's
+positions reach them and given back once the window slid past them
+(hybridkv.cache.subpages): a sub-page the block does not hold is the null block.  ``vllm_id``
+is the only function that turns a page into an id.
 """
+from hybridkv.cache.arena import NO_PAGE
 from hybridkv.errors import BadArgument
 from hybridkv.integrations.vllm.specs import window_blocks
 
@@ -36,6 +40,11 @@ def vllm_id(page):
     return 1 + page
 
 
+def sub_id(pages, sub):
+    """The vLLM id of sub-page ``sub`` of a block's ``pages``: null where it holds none."""
+    return NULL_BLOCK_ID if pages[sub] == NO_PAGE else vllm_id(pages[sub])
+
+
 def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
     """vLLM ids of group ``g``'s logical blocks [start_block, end_block) of one request from
     its hybridkv ``tables``: a full group's chain slots; a window group's pages (null once the
@@ -55,7 +64,7 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
             continue
         if slot not in seen:
             seen[slot] = pages_of(slot)
-        out.append(vllm_id(seen[slot][p % W // bs]))
+        out.append(sub_id(seen[slot], p % W // bs))
     return out
 
 
@@ -67,5 +76,5 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     if g.kind == "full":
         return [vllm_id(s) for s in chain_slots[:hit // bs]]
     pages = pages_of(window_slot) if window_slot is not None else ()
-    return [vllm_id(pages[p % g.window // bs]) if p + bs > hit - g.window and pages
+    return [sub_id(pages, p % g.window // bs) if p + bs > hit - g.window and pages
             else NULL_BLOCK_ID for p in range(0, hit - hit % bs, bs)]

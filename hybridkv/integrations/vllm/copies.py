@@ -15,8 +15,11 @@ A restore whose snapshot was captured in this same batch would gather the snapsh
 before the capture scatters them: its source becomes the capture's source (the same rows,
 computed).  Two copies to one destination (a page evicted and reused within the batch): the
 later one stands.  Ids: a pool block of a window group spans ``window_blocks`` arena pages (vLLM
-ids); row r of it is in its page ``r // block_size``.
+ids); row r of it is in its page ``r // block_size``.  A window block holds only the pages its
+positions reached and the window has not slid past: a copy moves the pages both blocks hold
+(a page the source lacks holds no row any query reads).
 """
+from hybridkv.cache.arena import NO_PAGE
 from hybridkv.integrations.vllm.block_ids import vllm_id
 from hybridkv.integrations.vllm.specs import window_blocks
 
@@ -35,7 +38,8 @@ class WorkerCopies:
         last = window_blocks(g) if row_end is None else -(-row_end // g.block_size)
         src_pages, dst_pages = self.pages_of(src), self.pages_of(dst)
         return [(vllm_id(src_pages[j]), vllm_id(dst_pages[j]))
-                for j in range(row_start // g.block_size, last)]
+                for j in range(row_start // g.block_size, last)
+                if src_pages[j] != NO_PAGE and dst_pages[j] != NO_PAGE]
 
     def captured(self, slot_copies):
         """The SlotCopies a commit returned."""

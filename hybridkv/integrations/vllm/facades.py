@@ -12,8 +12,7 @@ CacheManager and its translation tables (counts in vLLM block ids); none keeps s
 """
 from collections.abc import Mapping
 
-from hybridkv.integrations.vllm.block_ids import vllm_id
-from hybridkv.integrations.vllm.specs import window_blocks
+from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, sub_id
 from hybridkv.integrations.vllm.translate import cdiv
 
 
@@ -136,10 +135,9 @@ class CoordinatorFacade:
         window recycles blocks during a chunked prefill)."""
         m = self.manager
         rest = max(0, min(request.num_tokens, m.max_model_len) - track.allocated)
-        need, total = m.cache.blocks_needed(request.request_id, rest), 0
+        need, total = m.cache.pages_needed(request.request_id, rest), 0
         for g, group in zip(m.layout.groups, m.kv_cache_config.kv_cache_groups):
-            ids = need.get(("swa" if g.kind == "swa" else "comp", g.name), 0) * \
-                window_blocks(g)
+            ids = need.get(("swa" if g.kind == "swa" else "comp", g.name), 0)
             if g.kind == "swa":
                 ids = min(ids, group.kv_cache_spec.max_admission_blocks_per_request(
                     max_in_flight_tokens=m.unused.max_in_flight_tokens or m.max_model_len,
@@ -212,7 +210,8 @@ class BlockPoolFacade:
             return None
         g = m.layout.groups[group_idx]
         sub = (found[3] - 1) % g.window // g.block_size if found[2] else 0
-        return m.blocks.block(vllm_id(m.pages_of(m.cache.slot(ref))[sub]))
+        block_id = sub_id(m.pages_of(m.cache.slot(ref)), sub)
+        return None if block_id == NULL_BLOCK_ID else m.blocks.block(block_id)
 
     def free_blocks(self, blocks):
         self.manager.free_blocks(blocks)

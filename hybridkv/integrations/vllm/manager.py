@@ -95,9 +95,10 @@ class KVCacheManager(UnusedMachinery):
         return max(self.cache.available_blocks().values())
 
     def ids_needed(self, request_id, num_tokens):
-        """vLLM block ids (whole pages) hybridkv needs for ``num_tokens`` more positions."""
-        need = self.cache.blocks_needed(request_id, num_tokens)
-        return sum(n * self.block_pages.get(pk, 1) for pk, n in need.items())
+        """vLLM block ids (arena pages) hybridkv needs now for ``num_tokens`` more positions:
+        a window group's only for the sub-blocks the positions reach (vLLM's
+        ``get_num_blocks_to_allocate``)."""
+        return sum(self.cache.pages_needed(request_id, num_tokens).values())
 
     def pages_of(self, slot):
         """The arena pages (vLLM ids - 1) of the block at ``slot``."""

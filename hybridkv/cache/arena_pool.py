@@ -1,0 +1,110 @@
+"""ArenaPool: a pool whose blocks draw their memory from the block arena
+(hybridkv.cache.arena): block b holds arena page ``phys[b]`` (its slot) from leaving FREE to
+returning to FREE, and in a pool of k-page blocks the sub-pages ``reach`` took since
+(hybridkv.cache.subpages); every page moves through the arena, whose take and give are the
+spec's guards."""
+from hybridkv.cache.arena import NO_PAGE
+from hybridkv.cache.pool import Pool
+from hybridkv.cache.tables import TransitionRefused
+from hybridkv.errors import BadArgument
+from spec.common import FREE
+
+
+class PageCountedSet(set):
+    """A set of blocks of a pool of k-page blocks that keeps the pages they hold
+    (``pages_held_by(b)`` when b joins: a cached block's pages do not change while cached),
+    so the evictor answers the pages eviction can take in O(1)."""
+
+    def __init__(self, pages_held_by):
+        super().__init__()
+        self.pages_held_by = pages_held_by
+        self.pages_of_block = {}      # block -> its pages when it joined
+        self.pages = 0                # their sum
+
+    def add(self, b):
+        if b not in self:
+            n = self.pages_of_block[b] = self.pages_held_by(b)
+            self.pages += n
+            super().add(b)
+
+    def discard(self, b):
+        if b in self:
+            self.pages -= self.pages_of_block.pop(b)
+            super().discard(b)
+
+
+class ArenaPool(Pool):
+    """A pool whose block b holds arena page ``phys[b]`` from leaving FREE to returning to
+    FREE (``NO_PAGE`` meanwhile), and in a pool of k-page blocks the sub-pages ``reach``
+    took since; ``num_pages`` spec records; a relocation moves to another free page."""
+
+    def __init__(self, kind, group, arena, tensors, abi, ctx, checked=False,
+                 on_transition=None):
+        self.arena, self.key = arena, (kind, group.name)
+        super().__init__(kind, group, arena.num_pages, tensors, abi, ctx, arena.device, checked,
+                         on_transition)
+        self.phys = [NO_PAGE] * self.n
+        self.spare = None                     # no spare slot: relocation takes free pages
+        self.pages_per_block = arena.pages_per_block(self.key)   # sub-pages a block spans
+
+    def _make_storage(self, tensors, dtype, device):
+        return self.arena.views(self.key, tensors, self.n_layers, dtype)
+
+    def alloc(self):
+        """A FREE block id, or None when the arena has no page for it to take."""
+        return super().alloc() if self.arena.n_free else None
+
+    def alloc_run(self, n):
+        """At most as many FREE block ids as the arena has pages for them to take."""
+        return super().alloc_run(min(n, self.arena.n_free))
+
+    def reach(self, b, subs):
+        """Block b (not FREE) takes its sub-pages ``subs`` it does not hold yet; how many."""
+        return self.arena.reach(self.key, b, self.phys[b], subs)
+
+    def give_sub(self, b, sub):
+        """Block b gives back its sub-page ``sub`` (False when it holds none)."""
+        return self.arena.give_sub(self.key, b, self.phys[b], sub)
+
+    def pages_held_by(self, b):
+        """Pages block b holds now (0 while FREE)."""
+        return self.arena.held_by(self, b)
+
+    def sub_pages(self, b):
+        """Block b's sub-pages 0..k-1 (``NO_PAGE`` where it holds none)."""
+        return self.arena.pages_of(self.phys[b])
+
+    def _moved(self, b, old, new):
+        super()._moved(b, old, new)
+        if old == FREE:
+            self.phys[b] = self.arena.take(self.key, b)
+        elif new == FREE:
+            self.arena.give(self.key, b, self.phys[b])
+            self.phys[b] = NO_PAGE
+
+    def _fresh_slot(self, b, st):
+        if not self.arena.n_free:
+            raise TransitionRefused(self.kind, st, "relocate")
+        return self.arena.take(self.key, b)
+
+    def _retire_slot(self, b, slot):
+        self.arena.move_slot(self.key, b, slot, self.phys[b])
+
+    def _check_slots(self):
+        return []                             # pages: Arena.check, over every pool at once
+
+    def check_blocks(self, blocks):
+        """Pool.check_blocks, and: a held block's page is owned by this block of this pool, a
+        FREE block holds no page."""
+        bad, arena = super().check_blocks(blocks), self.arena
+        for b in blocks:
+            page = self.phys[b]
+            if self.recs[b].st == FREE:
+                if page != NO_PAGE:
+                    bad.append(("page-of-free-block", b, page))
+            elif page == NO_PAGE or arena.owner_of(page) != (*self.key, b):
+                bad.append(("page-owner", b, page))
+        return bad
+
+    def load_records(self, recs):
+        raise BadArgument("an arena pool takes no abstract start state", self.key)

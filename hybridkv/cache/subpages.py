@@ -1,0 +1,147 @@
+"""Window sub-pages: the arena pages a window group's blocks hold when its pool's blocks span
+k pages (``CacheManager(num_pages=N, block_pages={("swa", g): k})``, the vLLM adapter: one
+KV block id per block_size tokens, W/block_size of them per window page).
+
+A window page j of W positions (row = position mod W) is k sub-pages of W/k positions: global
+sub-block i = p // (W/k) is sub-page i % k of page i // k.
+
+  slot      sub-page 0, taken when the page's block leaves FREE (the block table names it)
+  reach     the others, taken as an allocation reaches their positions (the restored window
+            [H - W, H) of a hit, then every allocated position)
+  slide     given back once no later query reads them: wholly below L - W + 1, the rule the
+            page slide uses (``ObjectWriter.slide``), with L the settled positions
+  snapshot  a snapshot at P holds the rows [P - W, P): every sub-page once P >= W, else the
+            ones under P, taken when it is written
+
+Every take and give is the arena's (``ArenaPool.reach`` / ``give_sub``: the spec's guards).
+``count`` and ``count_snapshots`` are the closed-form sizes admission adds to the blocks'
+slots; ``reached_end`` and ``next_slide`` bound the writer's bookkeeping-only horizon.  Pools
+of one-page blocks (hybridkv's own path) are not touched.
+"""
+from hybridkv.cache.arena import NO_PAGE
+from spec.state import LOOKED
+
+NEVER = 1 << 62
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def merged(a, b):
+    """Two pool key -> count maps added up."""
+    out = dict(a)
+    for pk, n in b.items():
+        out[pk] = out.get(pk, 0) + n
+    return out
+
+
+def non_slot_subs(lo, hi, k):
+    """Global sub-blocks i in [lo, hi) that are not a page's slot (i % k != 0)."""
+    if hi <= lo:
+        return 0
+    return (hi - lo) - (_ceil(hi, k) - _ceil(lo, k))
+
+
+class WindowSubPages:
+    def __init__(self, layout, pools):
+        self.layout = layout
+        self.multi = {}          # group name -> (its swa pool, W, k) where k > 1
+        for g in layout.groups:
+            pool = pools.get(("swa", g.name))
+            if pool is not None and pool.pages_per_block > 1:
+                self.multi[g.name] = (pool, g.window, pool.pages_per_block)
+
+    # -- sizes ----------------------------------------------------------------------------------
+    def count(self, req, end, draft_end):
+        """pool key -> sub-pages (beyond the slots ``ObjectWriter.blocks_needed`` counts) an
+        allocation up to ``draft_end`` takes for the request's live windows."""
+        need, first, H = {}, req.phase == LOOKED, req.plan.reuse_tokens
+        for name, (pool, W, k) in self.multi.items():
+            if not draft_end:
+                continue
+            sb = W // k
+            lo = max(0, H - W) // sb if first else _ceil(req.num_allocated_tokens, sb)
+            n = non_slot_subs(lo, _ceil(draft_end, sb), k)
+            if n:
+                need[("swa", name)] = n
+        return need
+
+    def snapshot_subs(self, group, P):
+        """Sub-pages beyond the slot a window snapshot of ``group`` at P holds."""
+        _, W, k = self.multi[group]
+        return min(k, _ceil(P, W // k)) - 1
+
+    def count_snapshots(self, points):
+        """pool key -> sub-pages beyond the slots of the window snapshots at ``points``."""
+        need = {}
+        for P in points:
+            for spec in self.layout.exact_at(P):
+                if spec.kind == "swa" and spec.group in self.multi:
+                    pk = ("swa", spec.group)
+                    need[pk] = need.get(pk, 0) + self.snapshot_subs(spec.group, P)
+        return need
+
+    # -- takes and gives ------------------------------------------------------------------------
+    def reach(self, req, group, lo, hi):
+        """The request's window pages of ``group`` take the sub-pages of positions [lo, hi)."""
+        if group not in self.multi or hi <= lo:
+            return
+        pool, W, k = self.multi[group]
+        sb, by_page = W // k, {}
+        for i in range(lo // sb, _ceil(hi, sb)):
+            j, s = divmod(i, k)
+            if s:
+                by_page.setdefault(j, []).append(s)
+        for j, subs in by_page.items():
+            pool.reach(self._block(req, group, j, W), subs)
+
+    @staticmethod
+    def _block(req, group, j, W):
+        """The block of the request's window page j (a regular page, or a draft one)."""
+        work = req.work[group]
+        if 0 <= j - work.first_page < len(work.pages):
+            return work.pages[j - work.first_page].ref.block
+        return next(o.ref.block for o in req.drafts if o.ref.kind == "swa" and
+                    o.ref.group == group and o.at == (j + 1) * W)
+
+    def fill_snapshot(self, o, P):
+        """Snapshot ``o`` (just written at P) takes the sub-pages its rows need."""
+        if o.ref.kind == "swa" and o.ref.group in self.multi:
+            pool = self.multi[o.ref.group][0]
+            subs = range(1, 1 + self.snapshot_subs(o.ref.group, P))
+            if subs:
+                pool.reach(o.ref.block, list(subs))
+
+    def slide(self, req, group, L):
+        """The first window page gives back its sub-pages wholly below L - W + 1."""
+        if group not in self.multi:
+            return
+        pool, W, k = self.multi[group]
+        work = req.work[group]
+        if not work.pages:
+            return
+        gone = (L - W + 1) // (W // k) - work.first_page * k
+        b = work.pages[0].ref.block
+        for s in range(1, min(k, gone)):
+            pool.give_sub(b, s)
+
+    # -- horizon --------------------------------------------------------------------------------
+    def reached_end(self, group, allocated):
+        """Positions the window's sub-pages cover after allocating up to ``allocated``."""
+        if group not in self.multi:
+            return NEVER
+        _, W, k = self.multi[group]
+        return _ceil(allocated, W // k) * (W // k)
+
+    def next_slide(self, req, group):
+        """The settled position at which the first window page's next held sub-page slides."""
+        if group not in self.multi:
+            return NEVER
+        pool, W, k = self.multi[group]
+        work = req.work[group]
+        if not work.pages:
+            return NEVER
+        held = pool.sub_pages(work.pages[0].ref.block)
+        s = next((s for s in range(1, k) if held[s] != NO_PAGE), None)
+        return NEVER if s is None else work.first_page * W + (s + 1) * (W // k) + W - 1

@@ -40,6 +40,11 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 KERNEL_READ = {"comp": "kv", "swa": "kv", "idx": "keys", "tail": "rows"}
 
 
+def ceil_div(a, b):
+    """a / b rounded up (non-negative a, positive b): blocks, pages or granules covering a."""
+    return -(-a // b)
+
+
 class LayerGroup(NamedTuple):
     name: str
     kind: str                 # "swa" | "csa" | "hca" | "full"

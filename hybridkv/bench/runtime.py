@@ -46,6 +46,7 @@ from hybridkv.bench.managers import Served
 from hybridkv.bench.traces import DEFAULT_VOCAB, request_token_ids
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused
+from hybridkv.layout import ceil_div
 from hybridkv.layout import ModelLayout
 from hybridkv.policy import FilteredLRUPolicy
 
@@ -61,7 +62,7 @@ DENSE_EVERY_N = 1024
 def page_tokens(layout_name: str, block_tokens: int = PAGE_TOKENS) -> int:
     """Tokens per runtime page for a trace of `block_tokens`-token hash ids (module docstring)."""
     if layout_name == "v4-mini":
-        return _ceil(block_tokens, HCA_RATIO) * HCA_RATIO
+        return ceil_div(block_tokens, HCA_RATIO) * HCA_RATIO
     return block_tokens
 
 
@@ -73,7 +74,7 @@ def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float,
         return {"every_n": 0, "checkpoints_per_chain": 0.0}
     mean_tokens = max(mean_tokens, page)
     dense = capacity_blocks * PAGE_TOKENS >= DENSE_REQUESTS * mean_tokens
-    every_n = _ceil(DENSE_EVERY_N, page) * page if dense else 0
+    every_n = ceil_div(DENSE_EVERY_N, page) * page if dense else 0
     per_request = RETAINED_PER_REQUEST + (mean_tokens / every_n if every_n else 0.0)
     return {"every_n": every_n, "checkpoints_per_chain": per_request * page / mean_tokens}
 
@@ -108,10 +109,6 @@ class PoolSizing(NamedTuple):
     checkpoints: int          # checkpoint sets beyond the floor
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def working_floor(rlayout, max_tokens: int, chunk_tokens: int, every_n: int) -> dict:
     """Blocks per pool one running request may hold at once (prefill in chunks): its whole
     chain (pinned) plus an open block, one chunk's window pages plus the pages restored at H,
@@ -123,9 +120,9 @@ def working_floor(rlayout, max_tokens: int, chunk_tokens: int, every_n: int) -> 
         for kind in g.kinds:
             pk = (kind, g.name)
             if kind in ("comp", "idx"):
-                need[pk] += _ceil(max_tokens, g.block_size) + 1
+                need[pk] += ceil_div(max_tokens, g.block_size) + 1
             if kind == "swa":
-                need[pk] += _ceil(chunk_tokens, g.window) + 2
+                need[pk] += ceil_div(chunk_tokens, g.window) + 2
             if kind in ("tail", "idx"):
                 need[pk] += 1
     for spec in rlayout.exact_at(max(g.block_size for g in rlayout.groups)):

@@ -19,13 +19,10 @@ slots; ``reached_end`` and ``next_slide`` bound the writer's bookkeeping-only ho
 of one-page blocks (hybridkv's own path) are not touched.
 """
 from hybridkv.cache.arena import NO_PAGE
+from hybridkv.layout import ceil_div
 from spec.state import LOOKED
 
 NEVER = 1 << 62
-
-
-def _ceil(a, b):
-    return -(-a // b)
 
 
 def merged(a, b):
@@ -40,7 +37,7 @@ def non_slot_subs(lo, hi, k):
     """Global sub-blocks i in [lo, hi) that are not a page's slot (i % k != 0)."""
     if hi <= lo:
         return 0
-    return (hi - lo) - (_ceil(hi, k) - _ceil(lo, k))
+    return (hi - lo) - (ceil_div(hi, k) - ceil_div(lo, k))
 
 
 class WindowSubPages:
@@ -61,8 +58,8 @@ class WindowSubPages:
             if not draft_end:
                 continue
             sb = W // k
-            lo = max(0, H - W) // sb if first else _ceil(req.num_allocated_tokens, sb)
-            n = non_slot_subs(lo, _ceil(draft_end, sb), k)
+            lo = max(0, H - W) // sb if first else ceil_div(req.num_allocated_tokens, sb)
+            n = non_slot_subs(lo, ceil_div(draft_end, sb), k)
             if n:
                 need[("swa", name)] = n
         return need
@@ -70,7 +67,7 @@ class WindowSubPages:
     def snapshot_subs(self, group, P):
         """Sub-pages beyond the slot a window snapshot of ``group`` at P holds."""
         _, W, k = self.multi[group]
-        return min(k, _ceil(P, W // k)) - 1
+        return min(k, ceil_div(P, W // k)) - 1
 
     def count_snapshots(self, points):
         """pool key -> sub-pages beyond the slots of the window snapshots at ``points``."""
@@ -89,7 +86,7 @@ class WindowSubPages:
             return
         pool, W, k = self.multi[group]
         sb, by_page = W // k, {}
-        for i in range(lo // sb, _ceil(hi, sb)):
+        for i in range(lo // sb, ceil_div(hi, sb)):
             j, s = divmod(i, k)
             if s:
                 by_page.setdefault(j, []).append(s)
@@ -132,7 +129,7 @@ class WindowSubPages:
         if group not in self.multi:
             return NEVER
         _, W, k = self.multi[group]
-        return _ceil(allocated, W // k) * (W // k)
+        return ceil_div(allocated, W // k) * (W // k)
 
     def next_slide(self, req, group):
         """The settled position at which the first window page's next held sub-page slides."""

@@ -22,13 +22,9 @@ import heapq
 from hybridkv.cache.funnel import Read
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
-from hybridkv.layout import CHAIN_KINDS
+from hybridkv.layout import CHAIN_KINDS, ceil_div
 from spec.common import PINNED, WRITING
 from spec.state import LOOKED
-
-
-def _ceil(a, b):
-    return -(-a // b)
 
 
 def fire_runs(pools, refs, event):
@@ -70,9 +66,9 @@ class ObjectWriter:
         for g, chains, window, working in self._shape:
             bs, tables = g.block_size, req.tables.get(g.name)
             for kind in chains:
-                held = _ceil(H, bs) if first else len(tables.chain(kind))
-                add((kind, g.name), (first and H % bs > 0) + _ceil(end, bs) - held)
-                add((kind, g.name), _ceil(draft_end, bs) - max(held, _ceil(end, bs)))
+                held = ceil_div(H, bs) if first else len(tables.chain(kind))
+                add((kind, g.name), (first and H % bs > 0) + ceil_div(end, bs) - held)
+                add((kind, g.name), ceil_div(draft_end, bs) - max(held, ceil_div(end, bs)))
             if window and draft_end:
                 nxt = ((H - 1) // window + 1 if H else 0) if first else len(tables.swa)
                 restore = nxt - max(0, H - window) // window if first and H else 0
@@ -239,14 +235,14 @@ class ObjectWriter:
             for kind in CHAIN_KINDS:
                 if kind in g.kinds:
                     held = len(tables.chain(kind))
-                    ends = [(j + 1) * bs for j in range(held, _ceil(end, bs))]
+                    ends = [(j + 1) * bs for j in range(held, ceil_div(end, bs))]
                     if ends:
                         self._chain_run(req, g, kind, ends)
-                    for j in range(max(held, _ceil(end, bs)), _ceil(draft_end, bs)):
+                    for j in range(max(held, ceil_div(end, bs)), ceil_div(draft_end, bs)):
                         self._chain_block(req, g, kind, (j + 1) * bs, draft=1)
             if "swa" in g.kinds:
                 W = g.window
-                for j in range(len(tables.swa), _ceil(draft_end, W)):
+                for j in range(len(tables.swa), ceil_div(draft_end, W)):
                     self._page(req, g, j, draft=int(j * W >= end))
                 self.subpages.reach(req, g.name, req.num_allocated_tokens, draft_end)
             if draft_end > end:

@@ -2,7 +2,7 @@
 blocks by identity and keeps them across steps) and the ``KVCacheBlocks`` of a request or of a
 hit, built from hybridkv's block tables and HitPlan through ``block_ids`` (the id rules)."""
 from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, group_ids, hit_ids
-from hybridkv.integrations.vllm.translate import cdiv
+from hybridkv.layout import ceil_div
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
@@ -27,8 +27,8 @@ class VllmBlocks:
     def of_request(self, tables, track, start_tokens, end_tokens):
         """A request's blocks covering positions [start_tokens, end_tokens) per group."""
         return self.wrap(group_ids(g, tables[g.name], self.pages_of, track.hit,
-                                   track.windows.get(g.name), cdiv(start_tokens, g.block_size),
-                                   cdiv(end_tokens, g.block_size))
+                                   track.windows.get(g.name), ceil_div(start_tokens, g.block_size),
+                                   ceil_div(end_tokens, g.block_size))
                          for g in self.layout.groups)
 
     def of_hit(self, cache, plan, windows):

@@ -13,7 +13,7 @@ CacheManager and its translation tables (counts in vLLM block ids); none keeps s
 from collections.abc import Mapping
 
 from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, sub_id
-from hybridkv.integrations.vllm.translate import cdiv
+from hybridkv.layout import ceil_div
 
 
 class UnusedMachinery:
@@ -126,7 +126,7 @@ class CoordinatorFacade:
         m = self.manager
         track = m.tracked.get(request_id)
         if track is None:
-            return sum(cdiv(num_tokens, g.block_size) for g in m.layout.groups)
+            return sum(ceil_div(num_tokens, g.block_size) for g in m.layout.groups)
         return m.ids_needed(request_id, max(0, num_tokens - max(track.allocated, track.hit)))
 
     def sequence_fits(self, request, track):

@@ -35,8 +35,9 @@ from hybridkv.integrations.vllm.events import VllmEvents
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import UnsupportedSpec, every_n, layout_from_vllm
-from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, UnusedArgs, cdiv,
-                                                  TranslatedIds, known_positions, salt_of)
+from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, TranslatedIds,
+                                                  UnusedArgs, known_positions, salt_of)
+from hybridkv.layout import ceil_div
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
@@ -238,7 +239,7 @@ class KVCacheManager(UnusedMachinery):
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):
-        return tuple(ids[:cdiv(num_computed_tokens, g.block_size)]
+        return tuple(ids[:ceil_div(num_computed_tokens, g.block_size)]
                      for ids, g in zip(self.get_block_ids(request_id), self.layout.groups))
 
     def truncate_computed_blocks(self, blocks, num_computed_tokens):

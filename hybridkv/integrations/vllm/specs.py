@@ -36,7 +36,7 @@ ring-buffer attention, bounded-replay windows, ...) raises UnsupportedSpec namin
 silent fallback.
 """
 from hybridkv.errors import LayoutError
-from hybridkv.layout import LayerGroup, ModelLayout
+from hybridkv.layout import LayerGroup, ModelLayout, ceil_div
 
 SUPPORTED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec",
              "MLAAttentionSpec", "SlidingWindowMLASpec")
@@ -52,10 +52,6 @@ RETAINED = ("SlidingWindowSpec", "MambaSpec")        # the specs vLLM's retentio
 
 class UnsupportedSpec(LayoutError):
     """A vLLM KV cache spec hybridkv cannot manage (the value names the spec and its group)."""
-
-
-def _ceil(a, b):
-    return -(-a // b)
 
 
 def group_of(i, spec):
@@ -80,7 +76,7 @@ def group_of(i, spec):
     bs = spec.block_size
     if name in WINDOWED:
         window = getattr(spec, WINDOWED[name])
-        return LayerGroup(f"g{i}", "swa", (i,), bs, _ceil(window, bs) * bs, head_dim=1)
+        return LayerGroup(f"g{i}", "swa", (i,), bs, ceil_div(window, bs) * bs, head_dim=1)
     return LayerGroup(f"g{i}", "full", (i,), bs, 0, head_dim=1)
 
 
@@ -125,7 +121,7 @@ def every_n(kv_cache_config, layout, scheduler_block_size):
     if interval < 0 or interval % scheduler_block_size:
         raise ValueError(f"prefix_cache_retention_interval ({interval}) must be non-negative "
                          f"and a multiple of scheduler_block_size ({scheduler_block_size})")
-    return _ceil(interval, layout.granule) * layout.granule
+    return ceil_div(interval, layout.granule) * layout.granule
 
 
 def window_blocks(group):

@@ -39,10 +39,6 @@ class UnusedArgs:
     metrics_collector: object = None
 
 
-def cdiv(a, b):
-    return -(-a // b)
-
-
 HASH_ID_MASK = (1 << 62) - 1
 
 

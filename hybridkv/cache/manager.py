@@ -738,20 +738,23 @@ class CacheManager:
     def blocks_needed(self, request_id, num_new_tokens, num_draft_tokens=0):
         """pool key -> new blocks ``allocate(request_id, num_new_tokens, num_draft_tokens)``
         would take now, without the snapshots of retention points (reads only)."""
-        req = self._request(request_id)
-        check_count("num_new_tokens", num_new_tokens)
-        check_count("num_draft_tokens", num_draft_tokens)
-        start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
-        end = start + num_new_tokens
-        return self.writer.blocks_needed(req, end, end + num_draft_tokens)
+        return self.writer.blocks_needed(*self._span(request_id, num_new_tokens,
+                                                     num_draft_tokens))
 
     @locked
     def pages_needed(self, request_id, num_new_tokens, num_draft_tokens=0):
         """pool key -> arena pages that allocation would take now (``blocks_needed``'s
         blocks, plus the sub-pages its window positions reach where a pool's blocks span
         several pages), without the snapshots of retention points (reads only)."""
-        need = self.blocks_needed(request_id, num_new_tokens, num_draft_tokens)
-        req = self.requests[request_id]
+        span = self._span(request_id, num_new_tokens, num_draft_tokens)
+        return merged(self.writer.blocks_needed(*span), self.subpages.count(*span))
+
+    def _span(self, request_id, num_new_tokens, num_draft_tokens):
+        """(request, end, draft end) of ``allocate(request_id, num_new_tokens,
+        num_draft_tokens)``, its arguments checked."""
+        req = self._request(request_id)
+        check_count("num_new_tokens", num_new_tokens)
+        check_count("num_draft_tokens", num_draft_tokens)
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
         end = start + num_new_tokens
-        return merged(need, self.subpages.count(req, end, end + num_draft_tokens))
+        return req, end, end + num_draft_tokens

@@ -33,8 +33,8 @@ class DeferredFrees:
         list at once), no longer waiting."""
         out = []
         for i in block_ids:
-            handle = self.handle_of.get(i)
-            if handle is not None and handle in self.ids_of:
+            handle = self.handle_of.get(i)     # None once its handle was released
+            if handle is not None:
                 for j in self.ids_of.pop(handle):
                     self.handle_of.pop(j, None)
                 out.append(handle)

@@ -284,12 +284,10 @@ class KVCacheManager(UnusedMachinery):
         hands the returned blocks back (``block_pool.free_blocks``)."""
         blocks = [b for group in self.get_blocks(request.request_id).blocks for b in group
                   if not b.is_null]
-        if not self._settle(request):
+        if not blocks:                  # nothing allocated yet: nothing a step could write
+            self.free(request)
             return []
-        if not blocks:
-            self.cache.free(request.request_id)
-            self._released(request)
-            return []
+        self._settle(request)           # tracked: get_blocks named its blocks
         self.deferred.hold(self.cache.detach(request.request_id),
                            [b.block_id for b in blocks])
         self._drain(request)

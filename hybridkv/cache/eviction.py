@@ -10,13 +10,12 @@ A block is ``cached`` when it is admitted to the policy, READY (or STALE) and un
 cached block can still have a *live* descendant: a request that recomputed a prefix another
 request published meanwhile hangs its next chain blocks off the other's (cached) block.  Such a
 block is ``blocked``: eviction (leaves first) never reaches it while that descendant lives, so
-admission counts per pool only what eviction can take, ``n_free + cached - blocked``.  A
-published block is *live* when it is not cached or is blocked; each block counts its live
-children (``live_below``) and a change travels up the parent chain only while it flips a
-parent's liveness (O(1) for a request extending its own pinned chain).
+admission counts per pool only what eviction can take, ``n_free + cached - blocked``
+(hybridkv.cache.liveness.Liveness keeps live and blocked).
 """
 import contextlib
 
+from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
@@ -34,12 +33,11 @@ class Evictor:
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
-        self.live = {pk: set() for pk in pools}         # published, not cached or blocked
-        self.live_below = {pk: {} for pk in pools}      # block -> its live children
-        self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
+        self.liveness = Liveness(pools, index, self.cached)   # live / blocked blocks
         self.on_evict = on_evict                        # spill hook: called before a drop
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
+        self.runs = True          # make_room evicts runs (False: block by block, the reference)
 
     # -- what is cached --------------------------------------------------------------------
     def admit(self, ref, at, exact, tags=()):
@@ -60,8 +58,9 @@ class Evictor:
 
     def admit_reads(self, reads, tags=()):
         """``admit`` of each read (Read records, in order) whose block is unpinned and
-        published: what a free leaves cached.  One pass with the per-pool state bound once;
-        the same steps as ``admit`` + ``refresh`` block by block."""
+        published: what a free leaves cached.  Per pool, the sets and the policy block by
+        block, then liveness once over the blocks (``Liveness.settle_chain``: a chain given
+        tips first is walked once); the state ``admit`` + ``refresh`` block by block leaves."""
         clock, index = self.clock, self.index
         for pk, group in _by_pool(reads).items():
             pool, policy = self.pools[pk], self.policies[pk]
@@ -69,6 +68,7 @@ class Evictor:
             ents, recs = index.entries[pk], pool.recs
             tag = "/".join([pk[0], *(t for t in tags if t)])
             nbytes, n_layers = pool.block_nbytes, pool.n_layers
+            changed = []
             for r in group:
                 b = r.ref.block
                 e = ents.get(b)
@@ -92,13 +92,13 @@ class Evictor:
                     policy.ineligible(b)
                     eligible.discard(b)
                 pool.touch(b)
-                self._settle(pk, b)
+                changed.append(b)
+            self.liveness.settle_chain(pk, changed)
 
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live
         child and may stop being a leaf."""
-        pk = (ref.kind, ref.group)
-        self._settle(pk, ref.block)
+        self.liveness.settle((ref.kind, ref.group), ref.block)
         parent = self.index.parent(ref)
         if parent is not None:
             self.refresh(parent)
@@ -109,15 +109,10 @@ class Evictor:
         later one is a live child of a fresh (live, uncached) block, so nothing travels."""
         self.entered(ref)
         pk = (ref.kind, ref.group)
-        live, below, blocked, pool = self.live[pk], self.live_below[pk], self.blocked[pk], \
-            self.pools[pk]
-        prev = ref.block
-        for b in blocks:
-            blocked.discard(b)
-            live.add(b)
-            below[prev] = below.get(prev, 0) + 1
-            pool.touch(prev)
-            prev = b
+        self.liveness.entered_run(pk, ref.block, blocks)
+        pool = self.pools[pk]
+        for b in [ref.block, *blocks][:len(blocks)]:
+            pool.touch(b)
 
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
@@ -133,40 +128,11 @@ class Evictor:
             self.policies[pk].ineligible(b)
             self.eligible[pk].discard(b)
         pool.touch(b)
-        self._settle(pk, b)
-
-    def _settle(self, pk, b):
-        """Re-derive whether block b is blocked and live; while its liveness flips, carry the
-        change to its parent (and on up)."""
-        live, below, blocked = self.live[pk], self.live_below[pk], self.blocked[pk]
-        while True:
-            cached = b in self.cached[pk]
-            has_live = below.get(b, 0) > 0
-            (blocked.add if cached and has_live else blocked.discard)(b)
-            now = self.index.published(pk[0], pk[1], b) and (not cached or has_live)
-            if now == (b in live):
-                return
-            parent = self.index.parent(_ref(pk, b))
-            (live.add if now else live.discard)(b)
-            if parent is None:
-                return
-            below[parent.block] = below.get(parent.block, 0) + (1 if now else -1)
-            b = parent.block
-
-    def _unlink(self, pk, b, parent):
-        """Block b left the index: its liveness leaves its parent's count."""
-        self.live_below[pk].pop(b, None)
-        self.blocked[pk].discard(b)
-        if b in self.live[pk]:
-            self.live[pk].discard(b)
-            if parent is not None and parent.block in self.live_below[pk]:
-                self.live_below[pk][parent.block] -= 1
-                self._settle(pk, parent.block)
+        self.liveness.settle(pk, b)
 
     def takeable(self, ref):
         """Eviction can take this block (now, or once its cached descendants went)."""
-        pk = (ref.kind, ref.group)
-        return ref.block in self.cached[pk] and ref.block not in self.blocked[pk]
+        return self.liveness.takeable((ref.kind, ref.group), ref.block)
 
     def access(self, ref):
         """A request used the block (a hit)."""
@@ -203,7 +169,7 @@ class Evictor:
             if ref.block in self.eligible[pk]:
                 self.eligible[pk].discard(ref.block)
                 self.policies[pk].ineligible(ref.block)
-            self._settle(pk, ref.block)
+            self.liveness.settle(pk, ref.block)
         try:
             yield
         finally:
@@ -213,7 +179,7 @@ class Evictor:
     def available(self, pk):
         """Blocks pool ``pk`` can supply: free now, or cached and not blocked (eviction takes
         every one of them, leaves first)."""
-        return self.pools[pk].n_free + len(self.cached[pk]) - len(self.blocked[pk])
+        return self.pools[pk].n_free + len(self.cached[pk]) - len(self.liveness.blocked[pk])
 
     # -- taking blocks back -----------------------------------------------------------------
     def victim(self, pk):
@@ -244,7 +210,7 @@ class Evictor:
         parent = self.index.parent(ref)
         leaves, dead = self.index.unpublish(ref)
         self.forget(ref, event != "reject")
-        self._unlink(pk, b, parent)
+        self.liveness.unlink(pk, b, parent)
         for parent in leaves:
             self.refresh(parent)
         self.mark_dead(dead)
@@ -276,27 +242,7 @@ class Evictor:
             for b in self.admitted[pk]:
                 if not self.index.published(pk[0], pk[1], b):
                     bad.append(("admitted-unpublished", pk, b))
-            bad += self._check_live(pk)
-        return bad
-
-    def _check_live(self, pk):
-        """live / live_below / blocked agree with a recount from the index."""
-        bad, count = [], {}
-        ents = self.index.entries[pk]
-        for b, e in ents.items():
-            live = b not in self.cached[pk] or self.live_below[pk].get(b, 0) > 0
-            if live != (b in self.live[pk]):
-                bad.append(("live", pk, b))
-            if live and e.parent is not None:
-                count[e.parent.block] = count.get(e.parent.block, 0) + 1
-        for b in ents:
-            if self.live_below[pk].get(b, 0) != count.get(b, 0):
-                bad.append(("live_below", pk, b, self.live_below[pk].get(b, 0), count.get(b, 0)))
-            blocked = b in self.cached[pk] and count.get(b, 0) > 0
-            if blocked != (b in self.blocked[pk]):
-                bad.append(("blocked", pk, b))
-        if not self.live[pk] <= set(ents) or not self.blocked[pk] <= set(ents):
-            bad.append(("live-unpublished", pk))
+            bad += self.liveness.check(pk)
         return bad
 
 

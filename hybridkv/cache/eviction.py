@@ -37,7 +37,7 @@ class Evictor:
         self.on_evict = on_evict                        # spill hook: called before a drop
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
-        self.runs = True          # make_room evicts runs (False: block by block, the reference)
+        self.runs = True          # evict runs, admit chains (False: block by block, the reference)
 
     # -- what is cached --------------------------------------------------------------------
     def admit(self, ref, at, exact, tags=()):
@@ -60,8 +60,15 @@ class Evictor:
         """``admit`` of each read (Read records, in order) whose block is unpinned and
         published: what a free leaves cached.  Per pool, the sets and the policy block by
         block, then liveness once over the blocks (``Liveness.settle_chain``: a chain given
-        tips first is walked once); the state ``admit`` + ``refresh`` block by block leaves."""
+        tips first is walked once); the state ``admit`` + ``refresh`` block by block leaves
+        (what ``runs`` False does: the reference)."""
         clock, index = self.clock, self.index
+        if not self.runs:
+            for r in reads:
+                if index.published(*r.ref) and self.pools[r.ref[:2]].recs[r.ref.block].st \
+                        != PINNED:
+                    self.admit(r.ref, r.at, r.exact, tags)
+            return
         for pk, group in _by_pool(reads).items():
             pool, policy = self.pools[pk], self.policies[pk]
             admitted, cached, eligible = self.admitted[pk], self.cached[pk], self.eligible[pk]
@@ -200,8 +207,7 @@ class Evictor:
         what only it made reachable is marked dead.  A refused event changes nothing."""
         pk, b = (ref.kind, ref.group), ref.block
         pool = self.pools[pk]
-        if pool.recs[b].st == STALE:
-            event = "drop_stale"
+        event = _event(pool, b, event)
         pool.fire(b, event)
         filed = self.index.key_of(*ref) if self.events is not None else None
         if filed is not None:
@@ -217,17 +223,75 @@ class Evictor:
 
     def make_room(self, pk, k):
         """Evict this pool's victims (never another kind's) until k blocks are free; each
-        victim is offered to ``on_evict`` first (a disk tier spills it)."""
+        victim is offered to ``on_evict`` first (a disk tier spills it).  A policy victim
+        goes with the ancestors it leaves as the next victims (``_run``), as one run."""
         pool = self.pools[pk]
         while pool.n_free < k:
             b = self.victim(pk)
             if b is None:
                 raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
-            ref = _ref(pk, b)
+            run, event = self._run(pk, b, k - pool.n_free)
+            if len(run) < 2:
+                run, event = [b], None
             if self.on_evict is not None:
-                self.on_evict(ref)
-            self.drop(ref)
-            self.metrics.evicted(pk[0])
+                for v in run:
+                    self.on_evict(_ref(pk, v))
+            if event is None:
+                self.drop(_ref(pk, b))
+            else:
+                self._drop_run(pk, run, event)
+            for _ in run:
+                self.metrics.evicted(pk[0])
+
+    def _run(self, pk, b, n):
+        """Up to n blocks that the block-by-block loop of make_room would evict one after
+        another from victim b on (a policy victim: no dead block is waiting), with their
+        event: b, then each ancestor left a leaf by the one before (PrefixIndex
+        .lone_ancestors) while it is cached and not blocked, leaves by the same event, is
+        accepted by the table and is the victim next (the ones left dead, else the policy's
+        choice: ``run_length``)."""
+        if not self.runs or n < 2 or self.dead[pk]:
+            return [b], None
+        pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
+        event = _event(pool, b)
+        run, forced = [b], set()
+        for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
+            if len(run) >= n or p not in cached or p in blocked or _event(pool, p) != event:
+                break
+            run.append(p)
+            if dead:
+                forced.add(p)
+        if len(run) > 1:
+            run = run[:pool.accepted(run, event)]
+            run = run[:self.policies[pk].run_length(run, forced)]
+        return run, event
+
+    def _drop_run(self, pk, run, event):
+        """``drop`` of each block of a run from ``_run``, in order: the table once over the
+        run (Pool.fire_run), the index once (unpublish_run), the policy once (remove_run), the
+        sets block by block, the liveness once and the top block's parent re-offered once."""
+        kind, group = pk
+        pool = self.pools[pk]
+        pool.fire_run(run, event)
+        if self.events is not None:
+            for b in run:
+                key, exact = self.index.key_of(kind, group, b)
+                self.events.append(CacheEvent(False, kind, group, key, None, None, exact, None))
+        parent = self.index.parent(_ref(pk, run[-1]))
+        leaves, dead = self.index.unpublish_run(kind, group, run)
+        self.policies[pk].remove_run(run)
+        waiting, cached, eligible, admitted = (self.dead[pk], self.cached[pk],
+                                               self.eligible[pk], self.admitted[pk])
+        for b in run:
+            waiting.pop(b, None)
+            cached.discard(b)
+            eligible.discard(b)
+            admitted.discard(b)
+            pool.touch(b)
+        self.liveness.unlink_run(pk, run, parent)
+        for p in leaves:
+            self.refresh(p)
+        self.mark_dead(dead)
 
     def check(self):
         """Problems (empty list = sound): every set holds only what its definition says."""
@@ -253,6 +317,11 @@ def _by_pool(reads):
     for r in reads:
         out.setdefault((r.ref.kind, r.ref.group), []).append(r)
     return out
+
+
+def _event(pool, b, event="evict"):
+    """The event that takes block b back: ``event``, but a stale indexer block is dropped."""
+    return "drop_stale" if pool.recs[b].st == STALE else event
 
 
 def _ref(pk, b):

@@ -114,10 +114,12 @@ class ValuePolicy:
             return 1.0
         return (self._moved.get(cls, 0) + 1.0) / (self._entered.get(cls, 0) + 2.0)
 
-    def _value(self, e: _Entry) -> float:
+    def _value(self, e: _Entry, cls: tuple | None = None) -> float:
+        """Expected saving per byte; ``cls``: the entry's class when the caller has it."""
         m = e.meta
         per_byte = max(m.flops, 0.0) / max(m.nbytes, 1)
-        return self.reuse_probability(self._cls(e)) * per_byte ** self.flops_weight
+        return self.reuse_probability(self._cls(e) if cls is None else cls) * \
+            per_byte ** self.flops_weight
 
     def _get(self, key) -> _Entry:
         e = self._e.get(key)
@@ -128,7 +130,7 @@ class ValuePolicy:
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
         self._entered[c] = self._entered.get(c, 0) + 1
-        e.prio = self.clock + self._value(e) + self.recency * self._now
+        e.prio = self.clock + self._value(e, c) + self.recency * self._now
         if e.seq >= 0:
             self.eligible(e.meta.key)
 
@@ -218,7 +220,7 @@ class ValuePolicy:
 class LRUPolicy(ValuePolicy):
     """Plain recency through the same protocol (for comparison): every entry has equal value."""
 
-    def _value(self, e: _Entry) -> float:
+    def _value(self, e: _Entry, cls: tuple | None = None) -> float:
         return 0.0
 
     def _enter(self, e: _Entry) -> None:

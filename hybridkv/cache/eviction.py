@@ -240,8 +240,7 @@ class Evictor:
                 self.drop(_ref(pk, b))
             else:
                 self._drop_run(pk, run, event)
-            for _ in run:
-                self.metrics.evicted(pk[0])
+            self.metrics.evicted(pk[0], len(run))
 
     def _run(self, pk, b, n):
         """Up to n blocks that the block-by-block loop of make_room would evict one after

@@ -34,7 +34,9 @@ class Evictor:
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
         self.liveness = Liveness(pools, index, self.cached)   # live / blocked blocks
-        self.on_evict = on_evict                        # spill hook: called before a drop
+        self.on_evict = on_evict      # spill hook: each victim, in order, before it goes (a
+        #                               run's blocks before the run: each one's own record and
+        #                               index entry are as block by block)
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
         self.runs = True          # evict runs, admit chains (False: block by block, the reference)

@@ -151,5 +151,6 @@ def test_a_run_goes_through_the_table_index_and_policy_once():
     assert calls and max(calls) >= 8, calls
     removed = [(e.kind, e.group, e.key) for e in m.events if not e.stored]
     hooked = [(r.kind, r.group, key[0]) for r, _, key in m.evictor.on_evict.calls]
-    assert removed[-len(hooked):] == hooked and sum(calls) <= len(hooked)
+    left = iter(removed)                   # the hooked victims, in order, among the removals
+    assert all(h in left for h in hooked) and sum(calls) <= len(hooked)
     m.check_invariants()

@@ -300,11 +300,10 @@ class PrefixIndex:
         if ck is None:
             return []
         dead = []
-        for spec in self.layout.exact_at(ck.H):
-            pk = (spec.kind, spec.group)
+        for pk in self.layout.exact_kinds(ck.H):
             b = self.exact[pk].get(key)
             if b is not None:
-                dead.append(ObjRef(spec.kind, spec.group, b))
+                dead.append(ObjRef(*pk, b))
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:

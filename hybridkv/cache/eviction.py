@@ -34,12 +34,10 @@ class Evictor:
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
         self.liveness = Liveness(pools, index, self.cached)   # live / blocked blocks
-        self.on_evict = on_evict      # spill hook: each victim, in order, before it goes (a
-        #                               run's blocks before the run: each one's own record and
-        #                               index entry are as block by block)
+        self.on_evict = on_evict      # spill hook: each victim, in order, before it goes
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
-        self.runs = True          # evict runs, admit chains (False: block by block, the reference)
+        self.runs = True          # evict runs (no on_evict), admit chains (False: block by block)
 
     # -- what is cached --------------------------------------------------------------------
     def admit(self, ref, at, exact, tags=()):
@@ -225,23 +223,23 @@ class Evictor:
 
     def make_room(self, pk, k):
         """Evict this pool's victims (never another kind's) until k blocks are free; each
-        victim is offered to ``on_evict`` first (a disk tier spills it).  A policy victim
-        goes with the ancestors it leaves as the next victims (``_run``), as one run."""
+        victim is offered to ``on_evict`` first (a disk tier spills it).  Without that hook, a
+        policy victim goes with the ancestors it leaves as the next victims (``_run``), as
+        one run; with it, block by block: each spill is a copy and a write, and the tier's
+        in-flight budget sees them spaced as the drops space them."""
         pool = self.pools[pk]
         while pool.n_free < k:
             b = self.victim(pk)
             if b is None:
                 raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
             run, event = self._run(pk, b, k - pool.n_free)
-            if len(run) < 2:
-                run, event = [b], None
-            if self.on_evict is not None:
-                for v in run:
-                    self.on_evict(_ref(pk, v))
-            if event is None:
-                self.drop(_ref(pk, b))
-            else:
+            if len(run) > 1:
                 self._drop_run(pk, run, event)
+            else:
+                run = [_ref(pk, b)]
+                if self.on_evict is not None:
+                    self.on_evict(run[0])
+                self.drop(run[0])
             self.metrics.evicted(pk[0], len(run))
 
     def _run(self, pk, b, n):
@@ -251,7 +249,7 @@ class Evictor:
         .lone_ancestors) while it is cached and not blocked, leaves by the same event, is
         accepted by the table and is the victim next (the ones left dead, else the policy's
         choice: ``run_length``)."""
-        if not self.runs or n < 2 or self.dead[pk]:
+        if not self.runs or n < 2 or self.dead[pk] or self.on_evict is not None:
             return [b], None
         pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
         event = _event(pool, b)

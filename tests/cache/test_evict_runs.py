@@ -5,11 +5,12 @@ Random call sequences (hypothesis) under memory pressure -- lookups, allocations
 commits, decode steps, frees, pins of shared prefixes -- go to two managers in checked mode
 (every block's real machine follows, invariants checked): one evicting runs, one block by
 block (an on_evict hook, e.g. a disk tier's spill, makes eviction go block by block: each
-spill is a copy and a write, spaced as the drops space them).  After every call both hold the same state: pool records and free lists, index entries
-(keys, parents, children, anchors, checkpoints), every Evictor set (admitted, cached,
-eligible, dead in order, live, live children, blocked), every policy entry with the victim
-order and the next sequence number, and the same KV events (and on_evict calls, each with
-what the hook can read: the block's record and index key), in order.
+spill is a copy and a write, spaced as the drops space them).  After every call both hold
+the same state: pool records and free lists, index entries (keys, parents, children,
+anchors, checkpoints), every Evictor set (admitted, cached, eligible, dead in order, live,
+live children, blocked), every policy entry with the victim order and the next sequence
+number, and the same KV events (and on_evict calls, each with what the hook can read: the
+block's record and index key), in order.
 """
 import pytest
 from hypothesis import given, settings

@@ -29,8 +29,8 @@ class Metrics:
         for g, h in plan.group_hits.items():
             self.group_hit_tokens[g] = self.group_hit_tokens.get(g, 0) + h
 
-    def evicted(self, kind):
-        self.evictions[kind] = self.evictions.get(kind, 0) + 1
+    def evicted(self, kind, n=1):
+        self.evictions[kind] = self.evictions.get(kind, 0) + n
 
     def summary(self):
         out = {"hit": 0, "partial": 0, "miss": 0}

@@ -7,6 +7,8 @@ The manager owns the data and its structure; the policy only orders what may go.
   ineligible(key)    it may not (pinned, or gained a cached child)
   victim()           the eligible key to evict next, or None; does not remove it
   remove(key, evicted=True)   the entry is gone (evicted, or invalidated when evicted=False)
+  run_length(keys, forced)    how many of a chain of keys victim() would return in turn
+  remove_run(keys)            remove each of them, each later one offered (eligible) first
   checkpoints(n_blocks, chain_blocks, full_blocks)   which block ends to keep checkpoints at
 One policy instance serves one pool (one object kind): state routing stays with the manager.
 
@@ -112,10 +114,12 @@ class ValuePolicy:
             return 1.0
         return (self._moved.get(cls, 0) + 1.0) / (self._entered.get(cls, 0) + 2.0)
 
-    def _value(self, e: _Entry) -> float:
+    def _value(self, e: _Entry, cls: tuple | None = None) -> float:
+        """Expected saving per byte; ``cls``: the entry's class when the caller has it."""
         m = e.meta
         per_byte = max(m.flops, 0.0) / max(m.nbytes, 1)
-        return self.reuse_probability(self._cls(e)) * per_byte ** self.flops_weight
+        return self.reuse_probability(self._cls(e) if cls is None else cls) * \
+            per_byte ** self.flops_weight
 
     def _get(self, key) -> _Entry:
         e = self._e.get(key)
@@ -126,7 +130,7 @@ class ValuePolicy:
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
         self._entered[c] = self._entered.get(c, 0) + 1
-        e.prio = self.clock + self._value(e) + self.recency * self._now
+        e.prio = self.clock + self._value(e, c) + self.recency * self._now
         if e.seq >= 0:
             self.eligible(e.meta.key)
 
@@ -179,6 +183,36 @@ class ValuePolicy:
             self._heap = [(x.prio, x.seq, k) for k, x in self._e.items() if x.seq >= 0]
             heapq.heapify(self._heap)
 
+    def run_length(self, keys, forced=frozenset()) -> int:
+        """How many of ``keys`` victim() returns one after another, where ``keys[0]`` is
+        victim() now and each later key is offered (eligible) only once the one before it was
+        removed (a parent left a leaf): each while it is in ``forced`` (the caller takes those
+        first) or its priority is below every other eligible entry's (an entry offered now
+        loses a tie: its sequence number is the newest).  Priorities do not change while an
+        entry waits, so this is decided up front; it changes no entry."""
+        heap = self._heap
+        if self.victim() != keys[0]:
+            return 0
+        top = heapq.heappop(heap)          # keys[0]'s record, put back below
+        rival = self.victim()
+        heapq.heappush(heap, top)
+        bound = self._e[rival].prio if rival is not None else float("inf")
+        n = 1
+        for key in keys[1:]:
+            if key not in forced and not self._e[key].prio < bound:
+                break
+            n += 1
+        return n
+
+    def remove_run(self, keys) -> None:
+        """``remove`` (evicted) of each of ``keys`` in order, each one after the first offered
+        (``eligible``) just before: the entries, clock and sequence numbers end as that
+        sequence leaves them, with no heap record pushed for entries about to go."""
+        for _ in keys[1:]:
+            next(self._seq)
+        for key in keys:
+            self.remove(key)
+
     def checkpoints(self, n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple:
         return marconi_checkpoints(n_blocks, chain_blocks, full_blocks)
 
@@ -186,7 +220,7 @@ class ValuePolicy:
 class LRUPolicy(ValuePolicy):
     """Plain recency through the same protocol (for comparison): every entry has equal value."""
 
-    def _value(self, e: _Entry) -> float:
+    def _value(self, e: _Entry, cls: tuple | None = None) -> float:
         return 0.0
 
     def _enter(self, e: _Entry) -> None:

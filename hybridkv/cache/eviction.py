@@ -10,14 +10,13 @@ A block is ``cached`` when it is admitted to the policy, READY (or STALE) and un
 cached block can still have a *live* descendant: a request that recomputed a prefix another
 request published meanwhile hangs its next chain blocks off the other's (cached) block.  Such a
 block is ``blocked``: eviction (leaves first) never reaches it while that descendant lives, so
-admission counts per pool only what eviction can take, ``n_free + cached - blocked``.  A
-published block is *live* when it is not cached or is blocked; each block counts its live
-children (``live_below``) and a change travels up the parent chain only while it flips a
-parent's liveness (O(1) for a request extending its own pinned chain).
+admission counts per pool only what eviction can take, ``n_free + cached - blocked``
+(hybridkv.cache.liveness.Liveness keeps live and blocked).
 """
 import contextlib
 
 from hybridkv.cache.arena_pool import PageCountedSet
+from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
@@ -35,16 +34,14 @@ class Evictor:
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
         self.dead = {pk: {} for pk in pools}            # unreachable (ordered), reclaimed first
-        self.live = {pk: set() for pk in pools}         # published, not cached or blocked
-        self.live_below = {pk: {} for pk in pools}      # block -> its live children
-        self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
         for pk, pool in pools.items():                  # k-page blocks: their pages counted
             if pool.pages_per_block > 1:
                 self.cached[pk] = PageCountedSet(pool.pages_held_by)
-                self.blocked[pk] = PageCountedSet(pool.pages_held_by)
-        self.on_evict = on_evict                        # spill hook: called before a drop
+        self.liveness = Liveness(pools, index, self.cached)   # live / blocked blocks
+        self.on_evict = on_evict      # spill hook: each victim, in order, before it goes
         self.events = None                              # CacheEvent list (manager's feed)
         self.clock = 0
+        self.runs = True          # evict runs (no on_evict), admit chains (False: block by block)
 
     # -- what is cached --------------------------------------------------------------------
     def admit(self, ref, at, exact, tags=()):
@@ -65,15 +62,24 @@ class Evictor:
 
     def admit_reads(self, reads, tags=()):
         """``admit`` of each read (Read records, in order) whose block is unpinned and
-        published: what a free leaves cached.  One pass with the per-pool state bound once;
-        the same steps as ``admit`` + ``refresh`` block by block."""
+        published: what a free leaves cached.  Per pool, the sets and the policy block by
+        block, then liveness once over the blocks (``Liveness.settle_chain``: a chain given
+        tips first is walked once); the state ``admit`` + ``refresh`` block by block leaves
+        (what ``runs`` False does: the reference)."""
         clock, index = self.clock, self.index
+        if not self.runs:
+            for r in reads:
+                if index.published(*r.ref) and self.pools[r.ref[:2]].recs[r.ref.block].st \
+                        != PINNED:
+                    self.admit(r.ref, r.at, r.exact, tags)
+            return
         for pk, group in _by_pool(reads).items():
             pool, policy = self.pools[pk], self.policies[pk]
             admitted, cached, eligible = self.admitted[pk], self.cached[pk], self.eligible[pk]
             ents, recs = index.entries[pk], pool.recs
             tag = "/".join([pk[0], *(t for t in tags if t)])
             nbytes, n_layers = pool.block_nbytes, pool.n_layers
+            changed = []
             for r in group:
                 b = r.ref.block
                 e = ents.get(b)
@@ -97,13 +103,13 @@ class Evictor:
                     policy.ineligible(b)
                     eligible.discard(b)
                 pool.touch(b)
-                self._settle(pk, b)
+                changed.append(b)
+            self.liveness.settle_chain(pk, changed)
 
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live
         child and may stop being a leaf."""
-        pk = (ref.kind, ref.group)
-        self._settle(pk, ref.block)
+        self.liveness.settle((ref.kind, ref.group), ref.block)
         parent = self.index.parent(ref)
         if parent is not None:
             self.refresh(parent)
@@ -114,15 +120,10 @@ class Evictor:
         later one is a live child of a fresh (live, uncached) block, so nothing travels."""
         self.entered(ref)
         pk = (ref.kind, ref.group)
-        live, below, blocked, pool = self.live[pk], self.live_below[pk], self.blocked[pk], \
-            self.pools[pk]
-        prev = ref.block
-        for b in blocks:
-            blocked.discard(b)
-            live.add(b)
-            below[prev] = below.get(prev, 0) + 1
-            pool.touch(prev)
-            prev = b
+        self.liveness.entered_run(pk, ref.block, blocks)
+        pool = self.pools[pk]
+        for b in [ref.block, *blocks][:len(blocks)]:
+            pool.touch(b)
 
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
@@ -138,40 +139,11 @@ class Evictor:
             self.policies[pk].ineligible(b)
             self.eligible[pk].discard(b)
         pool.touch(b)
-        self._settle(pk, b)
-
-    def _settle(self, pk, b):
-        """Re-derive whether block b is blocked and live; while its liveness flips, carry the
-        change to its parent (and on up)."""
-        live, below, blocked = self.live[pk], self.live_below[pk], self.blocked[pk]
-        while True:
-            cached = b in self.cached[pk]
-            has_live = below.get(b, 0) > 0
-            (blocked.add if cached and has_live else blocked.discard)(b)
-            now = self.index.published(pk[0], pk[1], b) and (not cached or has_live)
-            if now == (b in live):
-                return
-            parent = self.index.parent(_ref(pk, b))
-            (live.add if now else live.discard)(b)
-            if parent is None:
-                return
-            below[parent.block] = below.get(parent.block, 0) + (1 if now else -1)
-            b = parent.block
-
-    def _unlink(self, pk, b, parent):
-        """Block b left the index: its liveness leaves its parent's count."""
-        self.live_below[pk].pop(b, None)
-        self.blocked[pk].discard(b)
-        if b in self.live[pk]:
-            self.live[pk].discard(b)
-            if parent is not None and parent.block in self.live_below[pk]:
-                self.live_below[pk][parent.block] -= 1
-                self._settle(pk, parent.block)
+        self.liveness.settle(pk, b)
 
     def takeable(self, ref):
         """Eviction can take this block (now, or once its cached descendants went)."""
-        pk = (ref.kind, ref.group)
-        return ref.block in self.cached[pk] and ref.block not in self.blocked[pk]
+        return self.liveness.takeable((ref.kind, ref.group), ref.block)
 
     def access(self, ref):
         """A request used the block (a hit)."""
@@ -208,7 +180,7 @@ class Evictor:
             if ref.block in self.eligible[pk]:
                 self.eligible[pk].discard(ref.block)
                 self.policies[pk].ineligible(ref.block)
-            self._settle(pk, ref.block)
+            self.liveness.settle(pk, ref.block)
         try:
             yield
         finally:
@@ -218,12 +190,12 @@ class Evictor:
     def available(self, pk):
         """Blocks pool ``pk`` can supply: free now, or cached and not blocked (eviction takes
         every one of them, leaves first)."""
-        return self.pools[pk].n_free + len(self.cached[pk]) - len(self.blocked[pk])
+        return self.pools[pk].n_free + len(self.cached[pk]) - len(self.liveness.blocked[pk])
 
     def takeable_pages(self, pk):
         """Arena pages the cached blocks of pool ``pk`` eviction can take hold (a pool of
         k-page blocks: their page counts; else one each)."""
-        cached, blocked = self.cached[pk], self.blocked[pk]
+        cached, blocked = self.cached[pk], self.liveness.blocked[pk]
         if isinstance(cached, PageCountedSet):
             return cached.pages - blocked.pages
         return len(cached) - len(blocked)
@@ -247,8 +219,7 @@ class Evictor:
         what only it made reachable is marked dead.  A refused event changes nothing."""
         pk, b = (ref.kind, ref.group), ref.block
         pool = self.pools[pk]
-        if pool.recs[b].st == STALE:
-            event = "drop_stale"
+        event = _event(pool, b, event)
         pool.fire(b, event)
         filed = self.index.key_of(*ref) if self.events is not None else None
         if filed is not None:
@@ -257,24 +228,81 @@ class Evictor:
         parent = self.index.parent(ref)
         leaves, dead = self.index.unpublish(ref)
         self.forget(ref, event != "reject")
-        self._unlink(pk, b, parent)
+        self.liveness.unlink(pk, b, parent)
         for parent in leaves:
             self.refresh(parent)
         self.mark_dead(dead)
 
     def make_room(self, pk, k):
         """Evict this pool's victims (never another kind's) until k blocks are free; each
-        victim is offered to ``on_evict`` first (a disk tier spills it)."""
+        victim is offered to ``on_evict`` first (a disk tier spills it).  Without that hook, a
+        policy victim goes with the ancestors it leaves as the next victims (``_run``), as
+        one run; with it, block by block: each spill is a copy and a write, and the tier's
+        in-flight budget sees them spaced as the drops space them."""
         pool = self.pools[pk]
         while pool.n_free < k:
             b = self.victim(pk)
             if b is None:
                 raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
-            ref = _ref(pk, b)
-            if self.on_evict is not None:
-                self.on_evict(ref)
-            self.drop(ref)
-            self.metrics.evicted(pk[0])
+            run, event = self._run(pk, b, k - pool.n_free)
+            if len(run) > 1:
+                self._drop_run(pk, run, event)
+            else:
+                run = [_ref(pk, b)]
+                if self.on_evict is not None:
+                    self.on_evict(run[0])
+                self.drop(run[0])
+            self.metrics.evicted(pk[0], len(run))
+
+    def _run(self, pk, b, n):
+        """Up to n blocks that the block-by-block loop of make_room would evict one after
+        another from victim b on (a policy victim: no dead block is waiting), with their
+        event: b, then each ancestor left a leaf by the one before (PrefixIndex
+        .lone_ancestors) while it is cached and not blocked, leaves by the same event, is
+        accepted by the table and is the victim next (the ones left dead, else the policy's
+        choice: ``run_length``)."""
+        if not self.runs or n < 2 or self.dead[pk] or self.on_evict is not None:
+            return [b], None
+        pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
+        event = _event(pool, b)
+        run, forced = [b], set()
+        for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
+            if len(run) >= n or p not in cached or p in blocked or _event(pool, p) != event:
+                break
+            run.append(p)
+            if dead:
+                forced.add(p)
+        if len(run) > 1:
+            run = run[:pool.accepted(run, event)]
+            run = run[:self.policies[pk].run_length(run, forced)]
+        return run, event
+
+    def _drop_run(self, pk, run, event):
+        """``drop`` of each block of a run from ``_run``, in order: the table once over the
+        run (Pool.fire_run), the index once (unpublish_run), the policy once (remove_run), the
+        sets block by block, the liveness once and the top block's parent re-offered once."""
+        kind, group = pk
+        pool = self.pools[pk]
+        pool.fire_run(run, event)
+        if self.events is not None:
+            for b in run:
+                key, exact = self.index.key_of(kind, group, b)
+                self.events.append(CacheEvent(False, kind, group, key, None, None, exact, None))
+        parent = self.index.parent(_ref(pk, run[-1]))
+        leaves, dead = self.index.unpublish_run(kind, group, run)
+        self.policies[pk].remove_run(run)
+        waiting, cached, eligible, admitted = (self.dead[pk], self.cached[pk],
+                                               self.eligible[pk], self.admitted[pk])
+        for b in run:
+            waiting.pop(b, None)
+            cached.discard(b)
+            eligible.discard(b)
+            admitted.discard(b)
+            pool.touch(b)
+        self.liveness.unlink_run(pk, run, parent)
+        for p in leaves:
+            self.refresh(p)
+        self.mark_dead(dead)
 
     def check(self):
         """Problems (empty list = sound): every set holds only what its definition says."""
@@ -289,31 +317,12 @@ class Evictor:
             for b in self.admitted[pk]:
                 if not self.index.published(pk[0], pk[1], b):
                     bad.append(("admitted-unpublished", pk, b))
-            bad += self._check_live(pk)
-            for name, blocks in (("cached", self.cached[pk]), ("blocked", self.blocked[pk])):
+            bad += self.liveness.check(pk)
+            for name, blocks in (("cached", self.cached[pk]),
+                                 ("blocked", self.liveness.blocked[pk])):
                 if isinstance(blocks, PageCountedSet) and blocks.pages != sum(
                         pool.pages_held_by(b) for b in blocks):
                     bad.append((name + "-pages", pk, blocks.pages))
-        return bad
-
-    def _check_live(self, pk):
-        """live / live_below / blocked agree with a recount from the index."""
-        bad, count = [], {}
-        ents = self.index.entries[pk]
-        for b, e in ents.items():
-            live = b not in self.cached[pk] or self.live_below[pk].get(b, 0) > 0
-            if live != (b in self.live[pk]):
-                bad.append(("live", pk, b))
-            if live and e.parent is not None:
-                count[e.parent.block] = count.get(e.parent.block, 0) + 1
-        for b in ents:
-            if self.live_below[pk].get(b, 0) != count.get(b, 0):
-                bad.append(("live_below", pk, b, self.live_below[pk].get(b, 0), count.get(b, 0)))
-            blocked = b in self.cached[pk] and count.get(b, 0) > 0
-            if blocked != (b in self.blocked[pk]):
-                bad.append(("blocked", pk, b))
-        if not self.live[pk] <= set(ents) or not self.blocked[pk] <= set(ents):
-            bad.append(("live-unpublished", pk))
         return bad
 
 
@@ -324,6 +333,11 @@ def _by_pool(reads):
     for r in reads:
         out.setdefault((r.ref.kind, r.ref.group), []).append(r)
     return out
+
+
+def _event(pool, b, event="evict"):
+    """The event that takes block b back: ``event``, but a stale indexer block is dropped."""
+    return "drop_stale" if pool.recs[b].st == STALE else event
 
 
 def _ref(pk, b):

@@ -231,27 +231,73 @@ class PrefixIndex:
         """Take block ``ref`` out of the index.  Returns (leaves, dead): parents that lost
         their last child, and published objects no lookup can reach any more (the exact
         objects and unanchored leaf anchors of every checkpoint this block was part of)."""
-        pk = (ref.kind, ref.group)
-        e = self.entries[pk].pop(ref.block, None)
-        if e is None:
-            return [], []
-        m = (self.exact if e.exact else self.chain)[pk]
-        if m.get(e.key) == ref.block:
-            del m[e.key]
         leaves, dead = [], []
+        self._take((ref.kind, ref.group), ref.block, leaves, dead)
+        return leaves, dead
+
+    def unpublish_run(self, kind, group, blocks):
+        """``unpublish`` of each of ``blocks`` in order, each one after the first the parent of
+        the one before (``lone_ancestors``).  Returns what those calls return together, less
+        the run's own blocks: (the top one's parent if it lost its last child, the dead in the
+        order the calls report them)."""
+        pk, leaves, dead = (kind, group), [], []
+        for b in blocks:
+            self._take(pk, b, leaves, dead)
+        run = set(blocks)
+        return ([p for p in leaves if p.block not in run],
+                [d for d in dead if (d.kind, d.group) != pk or d.block not in run])
+
+    def _take(self, pk, b, leaves, dead):
+        """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``)."""
+        e = self.entries[pk].pop(b, None)
+        if e is None:
+            return
+        m = (self.exact if e.exact else self.chain)[pk]
+        if m.get(e.key) == b:
+            del m[e.key]
         for c in e.children:                 # a forced drop (stale sweep): orphans
             self.entries[pk][c].parent = None
         if e.parent is not None:
             pe = self.entries[pk].get(e.parent.block)
             if pe is not None:
-                pe.children = _removed(pe.children, ref.block)
+                pe.children = _removed(pe.children, b)
                 if not pe.children:
                     leaves.append(e.parent)
                     if not pe.anchored and not pe.exact:
                         dead.append(e.parent)
         for ck in ([e.key] if e.exact else list(e.anchored)):
             dead += self._kill(ck)
-        return leaves, dead
+
+    def lone_ancestors(self, kind, group, b):
+        """The blocks that become leaves one after another as published block b and then each
+        of them leaves the index: yields (parent, dead) while b is its parent's only child and
+        taking b out reports nothing dead in this pool but that parent (``dead``: whether it
+        does report the parent, as ``unpublish`` would), then goes on from the parent."""
+        pk = (kind, group)
+        ents = self.entries[pk]
+        e = ents.get(b)
+        while e is not None and e.parent is not None:
+            p = e.parent.block
+            pe = ents.get(p)
+            if pe is None or len(pe.children) != 1 or self._kills_in(pk, b, e):
+                return
+            yield p, not pe.anchored and not pe.exact
+            b, e = p, pe
+
+    def _kills_in(self, pk, b, e):
+        """Taking block b (entry ``e``) out drops a checkpoint with another object in pool
+        ``pk`` (an exact object, an anchor), which ``_kill`` may report dead."""
+        exact = self.exact[pk]
+        for ck in ((e.key,) if e.exact else e.anchored):
+            c = self.ckpts.get(ck)
+            if c is None:
+                continue
+            if exact.get(ck, b) != b:
+                return True
+            for a in c.anchors:
+                if a.block != b and (a.kind, a.group) == pk:
+                    return True
+        return False
 
     def _kill(self, key):
         """Drop the checkpoint record ``key``; its remaining exact objects, and anchors left
@@ -260,11 +306,10 @@ class PrefixIndex:
         if ck is None:
             return []
         dead = []
-        for spec in self.layout.exact_at(ck.H):
-            pk = (spec.kind, spec.group)
+        for pk in self.layout.exact_kinds(ck.H):
             b = self.exact[pk].get(key)
             if b is not None:
-                dead.append(ObjRef(spec.kind, spec.group, b))
+                dead.append(ObjRef(*pk, b))
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:

@@ -148,6 +148,16 @@ class Pool:
         rec = self.recs[b]
         return self.table.target(rec.st, event, rec, self.ctx)
 
+    def accepted(self, blocks, event):
+        """How many of ``blocks``, from the first, the table lets ``event`` fire on (each from
+        its own record): the run ``fire_run`` then fires without a refusal."""
+        recs, cx, target = self.recs, self.ctx, self.table.target
+        for i, b in enumerate(blocks):
+            rec = recs[b]
+            if target(rec.st, event, rec, cx) is None:
+                return i
+        return len(blocks)
+
     def fire(self, b, event, *args):
         """Table transition + the spec's effect on block b; raises TransitionRefused and
         changes nothing when the table refuses."""

@@ -43,13 +43,13 @@ def observe(m):
 def test_a_cached_block_with_a_live_descendant_is_blocked_not_available():
     m = recomputed_behind_a_publisher()
     ev = m.evictor
-    blocked = {pk: set(s) for pk, s in ev.blocked.items() if s}
+    blocked = {pk: set(s) for pk, s in ev.liveness.blocked.items() if s}
     assert blocked, "B's cached chain blocks carry A's live chain: blocked"
     for pk, bs in blocked.items():
         assert bs <= ev.cached[pk]
         assert ev.available(pk) == m.pools[pk].n_free + len(ev.cached[pk]) - len(bs)
     m.free("A")                                     # A's chain cached: nothing blocked now
-    assert not any(ev.blocked.values())
+    assert not any(ev.liveness.blocked.values())
     m.check_invariants()
 
 

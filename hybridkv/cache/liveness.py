@@ -1,0 +1,116 @@
+"""Liveness per (kind, group) pool: which published blocks eviction cannot reach yet.
+
+A published block is *live* when it is not cached or is *blocked* (cached with a live child:
+eviction takes leaves first, so it never reaches a block while a descendant lives).  Each block
+counts its live children (``below``), and a change travels up the parent chain only while it
+flips a parent's liveness: O(1) for a request extending its own pinned chain, and one walk per
+chain for a run of blocks changing together (``settle_chain``, ``unlink_run``).
+
+The Evictor owns ``cached`` (what the policy may take) and tells this class which blocks
+changed; this class owns ``live``, ``below`` and ``blocked`` and only reads ``cached``.
+"""
+from hybridkv.cache.arena_pool import PageCountedSet
+
+
+class Liveness:
+    def __init__(self, pools, index, cached):
+        self.index = index
+        self.cached = cached                            # the Evictor's sets (read only here)
+        self.live = {pk: set() for pk in pools}         # published, not cached or blocked
+        self.below = {pk: {} for pk in pools}           # block -> its live children
+        self.blocked = {pk: set() for pk in pools}      # cached with a live descendant
+        for pk, pool in pools.items():                  # k-page blocks: their pages counted
+            if pool.pages_per_block > 1:
+                self.blocked[pk] = PageCountedSet(pool.pages_held_by)
+
+    def settle(self, pk, b):
+        """Re-derive whether block b is blocked and live; while its liveness flips, carry the
+        change to its parent (and on up)."""
+        while b is not None:
+            b = self._derive(pk, b, self.index.entries[pk].get(b))
+
+    def _derive(self, pk, b, entry):
+        """Block b's blocked and live from its cached state and live children (``entry``:
+        its index entry, None when unpublished); returns the parent whose live-children count
+        this changed (to derive next), else None."""
+        cached, has_live = b in self.cached[pk], self.below[pk].get(b, 0) > 0
+        (self.blocked[pk].add if cached and has_live else self.blocked[pk].discard)(b)
+        now = entry is not None and (not cached or has_live)
+        live = self.live[pk]
+        if now == (b in live):
+            return None
+        (live.add if now else live.discard)(b)
+        parent = entry.parent if entry is not None else None
+        if parent is None:
+            return None
+        below = self.below[pk]
+        below[parent.block] = below.get(parent.block, 0) + (1 if now else -1)
+        return parent.block
+
+    def settle_chain(self, pk, blocks):
+        """``settle`` of each of ``blocks`` (their cached state changed), in order: where a
+        block's parent is the next one, the change is not carried up (the next block is
+        derived anyway), so a chain given deepest first is walked once."""
+        ents = self.index.entries[pk]
+        n = len(blocks)
+        for i, b in enumerate(blocks):
+            up = self._derive(pk, b, ents.get(b))
+            if up is not None and (i + 1 == n or blocks[i + 1] != up):
+                self.settle(pk, up)
+
+    def entered_run(self, pk, first, blocks):
+        """Chain blocks ``blocks`` were just published under ``first`` (already settled), each
+        the next one's child: each is a live child of a fresh (live, uncached) block, so
+        nothing travels."""
+        live, below, blocked = self.live[pk], self.below[pk], self.blocked[pk]
+        prev = first
+        for b in blocks:
+            blocked.discard(b)
+            live.add(b)
+            below[prev] = below.get(prev, 0) + 1
+            prev = b
+
+    def unlink(self, pk, b, parent):
+        """Block b left the index: its liveness leaves its parent's count."""
+        self.below[pk].pop(b, None)
+        self.blocked[pk].discard(b)
+        if b in self.live[pk]:
+            self.live[pk].discard(b)
+            if parent is not None and parent.block in self.below[pk]:
+                self.below[pk][parent.block] -= 1
+                self.settle(pk, parent.block)
+
+    def unlink_run(self, pk, blocks, parent):
+        """``unlink`` of a chain run that left the index, deepest first, ``parent`` the top
+        one's parent: only a live block changes a count, and each but the top one's parent
+        left with the run."""
+        below, blocked, live = self.below[pk], self.blocked[pk], self.live[pk]
+        for b in blocks[:-1]:
+            below.pop(b, None)
+            blocked.discard(b)
+            live.discard(b)
+        self.unlink(pk, blocks[-1], parent)
+
+    def takeable(self, pk, b):
+        return b in self.cached[pk] and b not in self.blocked[pk]
+
+    def check(self, pk):
+        """Problems (empty list = sound): live / below / blocked agree with a recount from
+        the index."""
+        bad, count = [], {}
+        ents = self.index.entries[pk]
+        for b, e in ents.items():
+            live = b not in self.cached[pk] or self.below[pk].get(b, 0) > 0
+            if live != (b in self.live[pk]):
+                bad.append(("live", pk, b))
+            if live and e.parent is not None:
+                count[e.parent.block] = count.get(e.parent.block, 0) + 1
+        for b in ents:
+            if self.below[pk].get(b, 0) != count.get(b, 0):
+                bad.append(("live_below", pk, b, self.below[pk].get(b, 0), count.get(b, 0)))
+            blocked = b in self.cached[pk] and count.get(b, 0) > 0
+            if blocked != (b in self.blocked[pk]):
+                bad.append(("blocked", pk, b))
+        if not self.live[pk] <= set(ents) or not self.blocked[pk] <= set(ents):
+            bad.append(("live-unpublished", pk))
+        return bad

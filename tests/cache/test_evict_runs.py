@@ -1,0 +1,166 @@
+"""Eviction by runs (Evictor.make_room with ``runs``) against the block-by-block reference
+(``runs`` False), and free admission by chain (Evictor.admit_reads).
+
+Random call sequences (hypothesis) under memory pressure -- lookups, allocations with their
+commits, decode steps, frees, pins of shared prefixes -- go to two managers in checked mode
+(every block's real machine follows, invariants checked): one evicting runs, one block by
+block (an on_evict hook, e.g. a disk tier's spill, makes eviction go block by block: each
+spill is a copy and a write, spaced as the drops space them).  After every call both hold
+the same state: pool records and free lists, index entries (keys, parents, children,
+anchors, checkpoints), every Evictor set (admitted, cached, eligible, dead in order, live,
+live children, blocked), every policy entry with the victim order and the next sequence
+number, and the same KV events (and on_evict calls, each with what the hook can read: the
+block's record and index key), in order.
+"""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridkv.cache import CacheManager
+from hybridkv.errors import CacheError
+from hybridkv.layout import ModelLayout
+from hybridkv.policy import FilteredLRUPolicy, LRUPolicy, ValuePolicy
+from tests.cache.helpers import LAY
+
+LAYOUTS = {"v4-mini": LAY, "full": ModelLayout.full(block_size=4)}
+POLICIES = {"value": ValuePolicy, "lru": LRUPolicy, "filtered": FilteredLRUPolicy}
+PREFIXES = [[(5 * i + 1) % 200 for i in range(160)], [(3 * i + 7) % 200 for i in range(160)],
+            [(7 * i + 2) % 200 for i in range(160)]]
+
+
+def manager(layout, policy, runs, hook=False):
+    m = CacheManager(layout, num_blocks=48, device="meta", checked=True, events=True,
+                     policy_factory=policy)
+    m.evictor.runs = runs
+    m.evictor.on_evict = Hook(m) if hook else None     # a hook: block by block (make_room)
+    return m
+
+
+class Hook:
+    """An on_evict recorder: each victim with what a spill reads of it."""
+
+    def __init__(self, m):
+        self.m, self.calls = m, []
+
+    def __call__(self, ref):
+        pool = self.m.pools[(ref.kind, ref.group)]
+        self.calls.append((ref, pool.recs[ref.block], self.m.index.key_of(*ref)))
+
+
+def state(m):
+    """Everything eviction and admission touch, in a comparable form."""
+    ev, ix, lv = m.evictor, m.index, m.evictor.liveness
+    pools = {pk: (tuple(p.recs), p.n_free, sorted(b for b in p.free if p.is_free[b]))
+             for pk, p in m.pools.items()}
+    index = ({pk: {b: (e.key, e.exact, e.parent, frozenset(e.children),
+                       frozenset(e.anchored)) for b, e in ents.items()}
+              for pk, ents in ix.entries.items()},
+             dict(ix.chain), dict(ix.exact), dict(ix.ckpts))
+    sets = {pk: (set(ev.admitted[pk]), set(ev.cached[pk]), set(ev.eligible[pk]),
+                 list(ev.dead[pk]), set(lv.live[pk]),
+                 {b: n for b, n in lv.below[pk].items() if n}, set(lv.blocked[pk]))
+            for pk in m.pools}
+    policies = {pk: (p.clock, repr(p._seq), {k: (e.prio, e.uses, e.seq) for k, e in p._e.items()},
+                     victim_order(p))
+                for pk, p in ev.policies.items()}
+    return pools, index, sets, policies, list(m.events), \
+        list(ev.on_evict.calls if ev.on_evict is not None else ())
+
+
+def victim_order(policy):
+    """The eligible entries in the order victim() would return them."""
+    return [k for _, _, k in sorted((e.prio, e.seq, k) for k, e in policy._e.items()
+                                    if e.seq >= 0)]
+
+
+def play(m, op, rid, prefix, n, extra):
+    """One call; returns its outcome (the error's type name, or a small value)."""
+    try:
+        if op == "done":                   # a request served and finished: its chain cached
+            out = play(m, "serve", rid, prefix, n, extra)
+            return out, play(m, "free", rid, prefix, n, extra)
+        if op == "serve":
+            tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
+            plan = m.lookup(rid, tokens)
+            a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
+            L = a.start
+            for P in list(a.checkpoints) + [a.end]:
+                if L < P:
+                    m.commit(rid, P - L)
+                    L = P
+            return plan.reuse_tokens
+        if op == "decode":
+            m.allocate(rid, 1)
+            m.commit(rid, 1, [rid + 1])
+        elif op == "pin":
+            m.lookup(rid, PREFIXES[prefix][:n])
+            m.pin(rid)
+        else:
+            m.free(rid)
+    except CacheError as e:
+        return type(e).__name__
+    return None
+
+
+calls = st.lists(st.tuples(
+    st.sampled_from(("done", "done", "done", "serve", "decode", "free", "pin")),
+    st.integers(0, 4),                                   # request id
+    st.integers(0, 2), st.integers(8, 100), st.integers(0, 40)), max_size=16)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(max_examples=25, deadline=None)
+@given(seq=calls)
+def test_runs_evict_what_block_by_block_evicts(layout, policy, seq):
+    ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False)
+    run = manager(LAYOUTS[layout], POLICIES[policy], runs=True)
+    for call in seq:
+        assert play(run, *call) == play(ref, *call), call
+        assert state(run) == state(ref), call
+    run.check_invariants()
+    ref.check_invariants()
+
+
+# A's tail and B are cached, then C hits A's prefix (its blocks now the most recent): D's
+# eviction takes A's tail as one run, which must stop below A's prefix (B goes first).
+STOPS = [("serve", 0, 0, 80, 0), ("free", 0, 0, 0, 0), ("serve", 1, 1, 80, 0),
+         ("free", 1, 0, 0, 0), ("serve", 2, 0, 40, 0), ("free", 2, 0, 0, 0),
+         ("serve", 3, 2, 120, 0)]
+
+
+@pytest.mark.parametrize("hook", [False, True])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_run_stops_where_another_entry_comes_first(policy, hook):
+    ref = manager(LAYOUTS["full"], POLICIES[policy], runs=False, hook=hook)
+    run = manager(LAYOUTS["full"], POLICIES[policy], runs=True, hook=hook)
+    for call in STOPS:
+        assert play(run, *call) == play(ref, *call), call
+        assert state(run) == state(ref), call
+    assert run.metrics.evictions, "D evicted"
+
+
+def test_a_run_goes_through_the_table_index_and_policy_once():
+    """A freed request's chain evicted under pressure goes as runs of several blocks, with a
+    KV event per block; with an on_evict hook, one block at a time, the hook and the events
+    naming the same victims in the same order."""
+    lay = LAYOUTS["full"]
+    m = manager(lay, ValuePolicy, runs=True)
+    calls = []
+    drop_run = m.evictor._drop_run
+    m.evictor._drop_run = lambda pk, blocks, event: (calls.append(len(blocks)),
+                                                     drop_run(pk, blocks, event))
+    for rid in range(4):
+        play(m, "serve", rid, rid % 2, 120, 40 + rid)
+        m.free(rid)
+    assert calls and max(calls) >= 8, calls
+    assert sum(calls) <= sum(not e.stored for e in m.events) == sum(m.metrics.evictions.values())
+    m.check_invariants()
+    h = manager(lay, ValuePolicy, runs=True, hook=True)
+    for rid in range(4):
+        play(h, "serve", rid, rid % 2, 120, 40 + rid)
+        h.free(rid)
+    removed = [(e.kind, e.group, e.key) for e in h.events if not e.stored]
+    hooked = [(r.kind, r.group, key[0]) for r, _, key in h.evictor.on_evict.calls]
+    assert hooked and removed == hooked
+    h.check_invariants()

@@ -216,32 +216,45 @@ class Arena:
         """Pages block ``b`` of ``pool`` holds now."""
         return len(self.held_pages(pool.phys[b])) if pool.phys[b] != NO_PAGE else 0
 
-    def giver(self, pools, evictor):
-        """The pool that gives a page back: the one whose own victim is cheapest to recompute
-        per page (FLOPs a hit through it saves, the evictor's rule: covered tokens x layers;
-        0 for a victim no lookup can reach), the pool holding more pages on a tie; None
-        when no pool has a victim."""
-        best, best_cost = None, None
-        for pk, pool in pools.items():
+    def ranked(self, pools, evictor):
+        """The pools that could give a page back, cheapest first: (cost, pool key) where cost
+        is (FLOPs a hit through the pool's own victim saves per page -- covered tokens x
+        layers, the evictor's rule; 0 for a victim no lookup can reach --, minus the pages
+        the pool holds: more pages wins a tie, then the pool's place in ``pools``)."""
+        out = []
+        for place, (pk, pool) in enumerate(pools.items()):
             b = evictor.victim(pk)
             if b is None:
                 continue
-            reachable = evictor.index.reachable(ObjRef(pk[0], pk[1], b))
-            cost = (pool.recs[b][COVERED] * pool.n_layers / max(1, self.held_by(pool, b))
-                    if reachable else 0, -self.pages_held[pk])
-            if best_cost is None or cost < best_cost:
-                best, best_cost = pk, cost
-        return best
+            saved = pool.recs[b][COVERED] * pool.n_layers / max(1, self.held_by(pool, b)) \
+                if evictor.index.reachable(ObjRef(pk[0], pk[1], b)) else 0
+            out.append(((saved, -self.pages_held[pk], place), pk))
+        return sorted(out)
+
+    def giver(self, pools, evictor):
+        """The pool that gives a page back next (``ranked``'s first), None when no pool has a
+        victim."""
+        ranked = self.ranked(pools, evictor)
+        return ranked[0][1] if ranked else None
 
     def make_room(self, num_pages, pools, evictor):
-        """Until ``num_pages`` pages are free: the ``giver`` pool evicts one victim through its
-        own path (Evictor.make_room: its policy, the disk spill on eviction).  Admission
-        counted only takeable blocks, so this does not run short."""
+        """Until ``num_pages`` pages are free: the ``giver`` pool evicts its victim through its
+        own path (Evictor.evict_run: its policy, the disk spill on eviction).  Where it is the
+        only pool with a victim, with the ancestors that victim leaves as the next victims,
+        as one run, while dropping each leaves nothing dead in another pool (which would give
+        that pool a victim, of cost 0): the pages go as one giver choice per page would give
+        them.  Admission counted only takeable blocks, so this does not run short."""
+        index = evictor.index
         while self.n_free < num_pages:
-            pk = self.giver(pools, evictor)
-            if pk is None:
+            ranked = self.ranked(pools, evictor)
+            if not ranked:
                 raise AdmissionRefused("arena exhausted", {"arena": (num_pages, self.n_free)})
-            evictor.make_room(pk, pools[pk].n_free + 1)
+            pk = ranked[0][1]
+            if len(ranked) > 1 or pools[pk].pages_per_block > 1:   # one page per choice
+                evictor.evict_run(pk, 1)
+                continue
+            evictor.evict_run(pk, num_pages - self.n_free,
+                              lambda prev, p, dead, gone: not index.kills_elsewhere(*pk, prev))
 
     # -- checks and stats -----------------------------------------------------------------------
     def check(self, pools):

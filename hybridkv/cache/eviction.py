@@ -234,40 +234,50 @@ class Evictor:
         self.mark_dead(dead)
 
     def make_room(self, pk, k):
-        """Evict this pool's victims (never another kind's) until k blocks are free; each
-        victim is offered to ``on_evict`` first (a disk tier spills it).  Without that hook, a
-        policy victim goes with the ancestors it leaves as the next victims (``_run``), as
-        one run; with it, block by block: each spill is a copy and a write, and the tier's
-        in-flight budget sees them spaced as the drops space them."""
+        """Evict this pool's victims (never another kind's) until k blocks are free
+        (``evict_run`` after run)."""
         pool = self.pools[pk]
         while pool.n_free < k:
-            b = self.victim(pk)
-            if b is None:
+            if not self.evict_run(pk, k - pool.n_free):
                 raise AdmissionRefused("pool exhausted", {f"{pk[0]}/{pk[1]}": (k, pool.n_free)})
-            run, event = self._run(pk, b, k - pool.n_free)
-            if len(run) > 1:
-                self._drop_run(pk, run, event)
-            else:
-                run = [_ref(pk, b)]
-                if self.on_evict is not None:
-                    self.on_evict(run[0])
-                self.drop(run[0])
-            self.metrics.evicted(pk[0], len(run))
 
-    def _run(self, pk, b, n):
+    def evict_run(self, pk, n, keep=None):
+        """Evict pool ``pk``'s victim, each first offered to ``on_evict`` (a disk tier spills
+        it); returns how many blocks went (0: no victim).  Without that hook a policy victim
+        goes with up to n - 1 ancestors it leaves as the next victims (``_run``) as one run;
+        with it, block by block: each spill is a copy and a write, and the tier's in-flight
+        budget sees them spaced as the drops space them.  ``keep(prev, p, dead, i)`` may end
+        the run before ancestor p (the one-block-at-a-time caller would choose otherwise)."""
+        b = self.victim(pk)
+        if b is None:
+            return 0
+        run, event = self._run(pk, b, n, keep)
+        if len(run) > 1:
+            self._drop_run(pk, run, event)
+        else:
+            run = [_ref(pk, b)]
+            if self.on_evict is not None:
+                self.on_evict(run[0])
+            self.drop(run[0])
+        self.metrics.evicted(pk[0], len(run))
+        return len(run)
+
+    def _run(self, pk, b, n, keep=None):
         """Up to n blocks that the block-by-block loop of make_room would evict one after
         another from victim b on (a policy victim: no dead block is waiting), with their
         event: b, then each ancestor left a leaf by the one before (PrefixIndex
         .lone_ancestors) while it is cached and not blocked, leaves by the same event, is
-        accepted by the table and is the victim next (the ones left dead, else the policy's
-        choice: ``run_length``)."""
+        accepted by the table, ``keep`` keeps it (when given: called with the block before
+        it, it, whether it is left dead and how many go before it) and is the victim next
+        (the ones left dead, else the policy's choice: ``run_length``)."""
         if not self.runs or n < 2 or self.dead[pk] or self.on_evict is not None:
             return [b], None
         pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
         event = _event(pool, b)
         run, forced = [b], set()
         for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
-            if len(run) >= n or p not in cached or p in blocked or _event(pool, p) != event:
+            if len(run) >= n or p not in cached or p in blocked or _event(pool, p) != event \
+                    or (keep is not None and not keep(run[-1], p, dead, len(run))):
                 break
             run.append(p)
             if dead:

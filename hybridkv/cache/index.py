@@ -299,6 +299,25 @@ class PrefixIndex:
                     return True
         return False
 
+    def kills_elsewhere(self, kind, group, b):
+        """Taking published block b of pool (kind, group) out drops a checkpoint with an
+        object in another pool (an exact object, an anchor), which ``_kill`` may report
+        dead there."""
+        pk = (kind, group)
+        e = self.entries[pk].get(b)
+        if e is None:
+            return False
+        for ck in ((e.key,) if e.exact else e.anchored):
+            c = self.ckpts.get(ck)
+            if c is None:
+                continue
+            if any(pk2 != pk and self.exact[pk2].get(ck) is not None
+                   for pk2 in self.layout.exact_kinds(c.H)):
+                return True
+            if any((a.kind, a.group) != pk for a in c.anchors):
+                return True
+        return False
+
     def _kill(self, key):
         """Drop the checkpoint record ``key``; its remaining exact objects, and anchors left
         with neither children nor checkpoints, are dead."""

@@ -42,6 +42,13 @@ Timed call types (microseconds, `time.perf_counter_ns`):
   free               free
 
 A refused allocation (AdmissionRefused) is counted; the request is freed (untimed) and skipped.
+
+Whole stream:
+  wall_s             the replay's wall time: every call above plus the driver's own work (clock
+                     reads, sample lists) and the lookup_hash pass; the manager's construction
+                     is not in it (setup_s)
+  stream_s           wall_s less the lookup_hash pass (measurement only, not serving): the time
+                     the stream took to serve, what vllm_side's stream_s is
 """
 from __future__ import annotations
 
@@ -363,6 +370,7 @@ def result(config, hk, requests, driver, cache, setup_s, wall_s):
                          pool_bytes=sum(p.n * p.block_nbytes for p in cache.pools.values())),
         "setup_s": round(setup_s, 4),
         "wall_s": round(wall_s, 4),
+        "stream_s": round(wall_s - sum(driver.times_ns["lookup_hash"]) / 1e9, 4),
         "timed_s": round(_timed_ns(driver) / 1e9, 4),
         "timings_us": {name: summarize(driver.times_ns[name]) for name in CALL_TYPES},
         "hits": {

@@ -38,7 +38,10 @@ pools are real CPU tensors, `--device meta` for none): the budget sets the hit r
 Rounds.  R rounds (`--rounds`, default 3); in round i every job runs its hybridkv process and
 its vLLM process back to back (hybridkv first in even rounds, vLLM first in odd ones, so drift
 falls on both).  Reported: per side and call type the median over rounds of each round's
-p50 / p99, and the ratio table hybridkv p50 / vLLM p50 per call type (< 1: hybridkv faster).
+p50 / p99, and the ratio table hybridkv p50 / vLLM p50 per call type (< 1: hybridkv faster),
+plus its "whole stream (replay wall)" row: per side the median over rounds of the replay's wall
+time (`stream_s`: the same requests served, construction excluded on both sides, hybridkv's
+measurement-only hashing pass taken out; hybridkv_side / vllm_side say what is in it).
 
 Extras (hybridkv only, `run_extras`, hybridkv_side processes in interleaved rounds): decode p50
 at a 64k-token context vs 2k, the guard overhead (every spec guard stubbed to True vs on), the
@@ -76,6 +79,7 @@ RATIO_ROWS = (
     ("decode_step_later", "decode_step_later", "decode_step_later"),
     ("free", "free", "free"),
 )
+WHOLE_STREAM_ROW = "whole stream (replay wall)"
 
 
 # -- sizing -----------------------------------------------------------------------------------
@@ -241,6 +245,27 @@ def ratio_table(hk: dict, vl: dict) -> dict:
     return table
 
 
+def whole_stream(hk_results: list, vl_results: list) -> dict:
+    """The ratio table's whole-stream row from each side's rounds: the median over rounds of
+    ``stream_s`` (the replay's wall time: every request of the stream served, the manager's
+    construction excluded on both sides, hybridkv's measurement-only hashing pass taken out),
+    ratio hybridkv / vLLM (< 1: hybridkv faster)."""
+    hk_s = [r["stream_s"] for r in hk_results]
+    vl_s = [r["stream_s"] for r in vl_results]
+    hk_med, vl_med = statistics.median(hk_s), statistics.median(vl_s)
+    return {"hybridkv_s": round(hk_med, 4), "vllm_s": round(vl_med, 4),
+            "ratio": _ratio(hk_med, vl_med), "hybridkv_s_rounds": hk_s, "vllm_s_rounds": vl_s}
+
+
+def ratios(job: dict) -> list:
+    """(row, ratio) of one job's ratio table: every call type's p50 ratio, then the whole
+    stream's (the ratio of the median replay walls); empty without both sides."""
+    rows = [(row, r["ratio_p50"]) for row, r in job.get("ratios", {}).items()]
+    if "whole_stream" in job:
+        rows.append((WHOLE_STREAM_ROW, job["whole_stream"]["ratio"]))
+    return rows
+
+
 def hits_of(result: dict) -> dict:
     h = result["hits"]
     return {"hit_rate": h["hit_rate"], "hit_tokens": h["hit_tokens"],
@@ -304,12 +329,14 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
                                    "hits": hits_of(res[side][0]),
                                    "hit_rate_same_every_round": len(rates) == 1,
                                    "rounds": len(res[side]),
-                                   "replay_wall_s": [r["wall_s"] for r in res[side]]}
+                                   "replay_wall_s": [r["wall_s"] for r in res[side]],
+                                   "stream_s": [r["stream_s"] for r in res[side]]}
             if res["vllm"]:
                 out["vllm"]["version"] = res["vllm"][0]["vllm_version"]
             if res["hybridkv"] and res["vllm"]:
                 entry["ratios"] = ratio_table(entry["hybridkv"]["timings_us"],
                                               entry["vllm"]["timings_us"])
+                entry["whole_stream"] = whole_stream(res["hybridkv"], res["vllm"])
             out["jobs"].append(entry)
         if args.extras:
             t0 = time.perf_counter()
@@ -318,8 +345,7 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
             out["extras"] = run_extras(main_job["path"], args, budget, tmp, log, out["errors"])
             log(f"extras: {time.perf_counter() - t0:.1f}s")
     out["ratio_table"] = [{"stream": j["stream"], "pairing": j["pairing"], "row": row,
-                           "ratio_p50": r["ratio_p50"]}
-                          for j in out["jobs"] for row, r in j.get("ratios", {}).items()]
+                           "ratio_p50": ratio} for j in out["jobs"] for row, ratio in ratios(j)]
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
     return out
 
@@ -461,6 +487,10 @@ def report(out: dict) -> str:
                 lines.append(f"   {row:48s} {_fmt(r['hybridkv_p50'])} {_fmt(r['hybridkv_p99'])} "
                              f"{_fmt(r['vllm_p50'])} {_fmt(r['vllm_p99'])} "
                              f"{r['ratio_p50']:>9.3f}")
+            w = j["whole_stream"]
+            lines.append(f"   {WHOLE_STREAM_ROW + ', s (median of rounds)':48s} "
+                         f"{w['hybridkv_s']:>9.3f} {'':>9} {w['vllm_s']:>9.3f} {'':>9} "
+                         f"{w['ratio']:>9.3f}")
         elif hk:
             for name, t in hk["timings_us"].items():
                 lines.append(f"   {name:48s} {_fmt(t['p50'])} {_fmt(t['p99'])}")

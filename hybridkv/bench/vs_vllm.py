@@ -43,6 +43,12 @@ plus its "whole stream (replay wall)" row: per side the median over rounds of th
 time (`stream_s`: the same requests served, construction excluded on both sides, hybridkv's
 measurement-only hashing pass taken out; hybridkv_side / vllm_side say what is in it).
 
+Footprint (`--no-footprint` skips it).  After the rounds, per job one untimed process per side
+(`--footprint`) measures the manager's bookkeeping bytes per block: the Python heap it holds
+after construction and after the stream, KV storage excluded (hybridkv.bench.footprint says
+exactly what is counted); ratios hybridkv / vLLM per block, and of the bytes held after the
+stream (both sides hold the same KV budget, so that one compares per KV byte).
+
 Extras (hybridkv only, `run_extras`, hybridkv_side processes in interleaved rounds): decode p50
 at a 64k-token context vs 2k, the guard overhead (every spec guard stubbed to True vs on), the
 checked-mode cost, and the time `allocate(rid, 10**9)` takes to be refused.
@@ -185,10 +191,12 @@ def _env() -> dict:
     return env
 
 
-def run_hybridkv_side(stream_path: str, timeout_s: float = 600) -> dict:
+def run_hybridkv_side(stream_path: str, timeout_s: float = 600, footprint: bool = False) -> dict:
     """Run hybridkv_side on a stream in a fresh process of this python (this checkout first on
-    PYTHONPATH); raises RuntimeError with stderr's tail on failure."""
-    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side", stream_path]
+    PYTHONPATH); `footprint`: its bookkeeping-bytes pass instead of the timed replay.  Raises
+    RuntimeError with stderr's tail on failure."""
+    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side",
+           *(["--footprint"] if footprint else []), stream_path]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                           env=_env(), cwd=vllm_streams.REPO_ROOT)
     if proc.returncode != 0:
@@ -209,6 +217,37 @@ def vllm_status() -> tuple:
              + os.path.join(os.path.dirname(vllm_streams.REPO_ROOT), "vllm-venv", "bin", "python")
              + " does not exist (scripts/vllm_venv creates it)")
     return None, f"no vLLM python: {where}"
+
+
+def measure_footprint(job: dict, python, timeout_s: float, log, errors: list) -> dict:
+    """{side: its footprint summary, "ratios"}: one untimed ``--footprint`` process per side
+    (vLLM's only with a ``python``), errors appended to ``errors``."""
+    out = {}
+    for side in ("hybridkv", "vllm") if python else ("hybridkv",):
+        t0 = time.perf_counter()
+        try:
+            out[side] = (run_hybridkv_side(job["path"], timeout_s, footprint=True)
+                         if side == "hybridkv" else
+                         vllm_streams.run_vllm_side(python, job["path"], timeout_s,
+                                                    footprint=True))
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+            errors.append({"footprint": True, "stream": job["stream"],
+                           "pairing": job["pairing"], "side": side, "error": str(e)[-2000:]})
+            log(f"footprint {job['stream']}/{job['pairing']} {side}: FAILED {e}")
+            continue
+        log(f"footprint {job['stream']}/{job['pairing']} {side}: "
+            f"{time.perf_counter() - t0:.1f}s")
+    if "hybridkv" in out and "vllm" in out:
+        out["ratios"] = footprint_ratios(out["hybridkv"], out["vllm"])
+    return out
+
+
+def footprint_ratios(hk: dict, vl: dict) -> dict:
+    """hybridkv / vLLM of the bookkeeping bytes per block after construction and after the
+    stream, and of the bytes held after the stream (the same KV budget on both sides)."""
+    return {"built_per_block": _ratio(hk["built_per_block"], vl["built_per_block"]),
+            "stream_per_block": _ratio(hk["stream_per_block"], vl["stream_per_block"]),
+            "stream_bytes": _ratio(hk["stream_bytes"], vl["stream_bytes"])}
 
 
 # -- aggregation ------------------------------------------------------------------------------
@@ -253,7 +292,7 @@ def whole_stream(hk_results: list, vl_results: list) -> dict:
     hk_s = [r["stream_s"] for r in hk_results]
     vl_s = [r["stream_s"] for r in vl_results]
     hk_med, vl_med = statistics.median(hk_s), statistics.median(vl_s)
-    return {"hybridkv_s": round(hk_med, 4), "vllm_s": round(vl_med, 4),
+    return {"hybridkv_s": round(hk_med, 6), "vllm_s": round(vl_med, 6),
             "ratio": _ratio(hk_med, vl_med), "hybridkv_s_rounds": hk_s, "vllm_s_rounds": vl_s}
 
 
@@ -337,6 +376,9 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
                 entry["ratios"] = ratio_table(entry["hybridkv"]["timings_us"],
                                               entry["vllm"]["timings_us"])
                 entry["whole_stream"] = whole_stream(res["hybridkv"], res["vllm"])
+            if args.footprint:
+                entry["footprint"] = measure_footprint(job, None if skipped else python,
+                                                       args.timeout, log, out["errors"])
             out["jobs"].append(entry)
         if args.extras:
             t0 = time.perf_counter()
@@ -457,6 +499,29 @@ def _fmt(v, width=9):
     return f"{'-':>{width}}" if v is None else f"{v:>{width}.1f}"
 
 
+def footprint_lines(fp) -> list:
+    """The report's lines for one job's footprint (none when it was skipped)."""
+    if not fp:
+        return []
+    lines = ["   bookkeeping bytes per block (Python heap; after construction / after the "
+             "stream):"]
+    for side, name in (("hybridkv", "hybridkv"), ("vllm", "vLLM")):
+        f = fp.get(side)
+        if f:
+            added = f["added_per_cached_block"]
+            lines.append(f"     {name:8s} {f['built_per_block']:>8.1f} / "
+                         f"{f['stream_per_block']:>8.1f} B  ({f['num_blocks']} blocks, "
+                         f"{f['cached_blocks']} cached after the stream: "
+                         f"{'-' if added is None else f'+{added:.1f}'} B each; "
+                         f"{f['stream_bytes'] / 2**20:.2f} MiB held)")
+    r = fp.get("ratios")
+    if r:
+        lines.append(f"     ratio    {r['built_per_block']:>8.3f} / {r['stream_per_block']:>8.3f}"
+                     f"    per block; {r['stream_bytes']:.3f} of the bytes held after the "
+                     f"stream (same KV budget)")
+    return lines
+
+
 def report(out: dict) -> str:
     lines = [f"hybridkv vs vLLM {out['vllm']['version'] or ''}: median over {out['rounds']} "
              f"rounds of per-round p50/p99 (us); budget {out['budget_bytes'] / 2**20:.0f} MiB "
@@ -489,11 +554,12 @@ def report(out: dict) -> str:
                              f"{r['ratio_p50']:>9.3f}")
             w = j["whole_stream"]
             lines.append(f"   {WHOLE_STREAM_ROW + ', s (median of rounds)':48s} "
-                         f"{w['hybridkv_s']:>9.3f} {'':>9} {w['vllm_s']:>9.3f} {'':>9} "
+                         f"{w['hybridkv_s']:>9.4f} {'':>9} {w['vllm_s']:>9.4f} {'':>9} "
                          f"{w['ratio']:>9.3f}")
         elif hk:
             for name, t in hk["timings_us"].items():
                 lines.append(f"   {name:48s} {_fmt(t['p50'])} {_fmt(t['p99'])}")
+        lines.extend(footprint_lines(j.get("footprint")))
     ex = out.get("extras")
     if ex:
         lines.append("")

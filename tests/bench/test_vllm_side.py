@@ -149,7 +149,8 @@ def test_vllm_side_tiny(vllm_python, tmp_path, attention, mode):
     assert (stats["requests"], stats["queries"], stats["hits"]) == (n, 104 * n, 288)
     assert out["config"]["attention"] == attention and out["config"]["mode"] == mode
     assert out["final"]["usage"] == 0.0   # everything freed
-    assert out["wall_s"] > 0 and out["stream_s"] == out["wall_s"]   # nothing measurement-only
+    assert out["wall_s"] > 0
+    assert out["stream_s"] == pytest.approx(out["wall_s"], abs=1e-4)   # nothing measurement-only
 
 
 def test_vllm_side_tight_budget_refuses(vllm_python, tmp_path):

@@ -11,7 +11,6 @@ import pytest
 from hybridkv.bench import footprint, hybridkv_side, vs_vllm
 from hybridkv.bench.vllm_streams import SCRIPT, run_vllm_side, tiny_stream, write_stream
 
-from .test_vllm_side import usable_vllm_python
 from .test_vs_vllm import tiny_job
 
 MIB = 2 ** 20
@@ -105,14 +104,6 @@ def test_hybridkv_side_footprint_process(tmp_path):
     assert out["num_blocks"] == sum(tiny_job("v4-mini")["file"]["hybridkv"]["num_blocks"]
                                     .values())
     assert out["stream_per_block"] > out["built_per_block"] > 0
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    python, reason = usable_vllm_python()
-    if python is None:
-        pytest.skip(reason)
-    return python
 
 
 def test_vllm_footprint_linear_in_blocks(vllm_python, tmp_path):

@@ -5,6 +5,7 @@ Run in its own process with the main environment's python (the runner sets PYTHO
 checkout), like `vllm_side.py` under the vLLM one:
 
     python -m hybridkv.bench.hybridkv_side STREAM.json      # one JSON object on stdout
+    python -m hybridkv.bench.hybridkv_side --footprint STREAM.json   # bookkeeping bytes only
 
 STREAM.json is the file `vllm_streams` writes (the vLLM keys are read for the mode and the
 requests only) plus a "hybridkv" object (`vs_vllm` writes it):
@@ -42,6 +43,13 @@ Timed call types (microseconds, `time.perf_counter_ns`):
   free               free
 
 A refused allocation (AdmissionRefused) is counted; the request is freed (untimed) and skipped.
+
+Whole stream:
+  wall_s             the replay's wall time: every call above plus the driver's own work (clock
+                     reads, sample lists) and the lookup_hash pass; the manager's construction
+                     is not in it (setup_s)
+  stream_s           wall_s less the lookup_hash pass (measurement only, not serving): the time
+                     the stream took to serve, what vllm_side's stream_s is
 """
 from __future__ import annotations
 
@@ -362,7 +370,8 @@ def result(config, hk, requests, driver, cache, setup_s, wall_s):
                          pool_blocks={f"{k}/{g}": p.n for (k, g), p in cache.pools.items()},
                          pool_bytes=sum(p.n * p.block_nbytes for p in cache.pools.values())),
         "setup_s": round(setup_s, 4),
-        "wall_s": round(wall_s, 4),
+        "wall_s": round(wall_s, 6),
+        "stream_s": round(wall_s - sum(driver.times_ns["lookup_hash"]) / 1e9, 6),
         "timed_s": round(_timed_ns(driver) / 1e9, 4),
         "timings_us": {name: summarize(driver.times_ns[name]) for name in CALL_TYPES},
         "hits": {
@@ -409,6 +418,26 @@ def run(config, hk, requests):
     return res
 
 
+# -- bookkeeping bytes per block -----------------------------------------------------------------
+def footprint(config, hk, requests):
+    """The manager's bookkeeping bytes per block (hybridkv.bench.footprint says what is
+    counted): its pools built on the meta device (no KV storage), the stream replayed under
+    tracemalloc after a throwaway run of its first two requests.  Untimed."""
+    from hybridkv.bench.footprint import HeapMeter, summary
+    hk = dict(hk, device="meta")
+    runner = run_serial if config["mode"] == "serial" else run_decode
+    runner(Driver(build_manager(hk)), [dict(r, id=f"warmup-{r['id']}") for r in requests[:2]])
+    with HeapMeter() as meter:
+        cache = build_manager(hk)
+        built = meter.held()
+        runner(Driver(cache), requests)
+        stream = meter.held()
+    pools = cache.pools.values()
+    return {"side": "hybridkv", "device": "meta",
+            **summary(sum(p.n for p in pools), sum(p.n - p.n_free for p in pools), built,
+                      stream)}
+
+
 # -- the 10**9 refusal ---------------------------------------------------------------------------
 def _state(cache, rid):
     s = cache.stats()
@@ -451,14 +480,17 @@ def measure_refusal(cache, prompt, reps, state):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print("usage: python -m hybridkv.bench.hybridkv_side STREAM.json", file=sys.stderr)
+    args = argv[1:]
+    measure = footprint if args[:1] == ["--footprint"] else run
+    if len(args) != 1 + (measure is footprint):
+        print("usage: python -m hybridkv.bench.hybridkv_side [--footprint] STREAM.json",
+              file=sys.stderr)
         return 2
     out = os.fdopen(os.dup(1), "w")       # stdout carries exactly one JSON object
     sys.stdout.flush()
     os.dup2(2, 1)
-    config, hk, requests = load_stream(argv[1])
-    res = run(config, hk, requests)
+    config, hk, requests = load_stream(args[-1])
+    res = measure(config, hk, requests)
     out.write(json.dumps(res) + "\n")
     out.flush()
     return 0

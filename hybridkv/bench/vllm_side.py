@@ -5,6 +5,7 @@ STANDALONE: imports only the stdlib, torch and vllm. It runs under the separate 
 environment (`scripts/vllm_venv`) by file path, never as part of the hybridkv package:
 
     <vllm-python> hybridkv/bench/vllm_side.py STREAM.json     # one JSON object on stdout
+    <vllm-python> hybridkv/bench/vllm_side.py --footprint STREAM.json   # bookkeeping bytes only
 
 STREAM.json (write one with `python -m hybridkv.bench.vllm_streams`):
 
@@ -38,6 +39,13 @@ Timed call types (microseconds, `time.perf_counter_ns`):
 
 A request whose allocation is refused (allocate_slots returns None) is counted, freed (its free is
 not timed) and skipped from then on.
+
+Whole stream:
+  wall_s / stream_s  the replay's wall time: every call above (new_step_starts included) plus the
+                     driver's own work (clock reads, sample lists, the scheduler's bookkeeping,
+                     SamplingParams(...) per request, ~6 us); the manager's construction is not in
+                     it (setup_s).  Nothing in it is measurement only, so stream_s = wall_s
+                     (hybridkv_side's stream_s drops its extra hashing pass)
 """
 import gc
 import json
@@ -45,6 +53,7 @@ import os
 import platform
 import sys
 import time
+import tracemalloc
 
 # sys.path[0] is this file's folder, and the repo root may be on the path too (PYTHONPATH, or ''
 # when run from there): our `kernels/` package would shadow the `kernels` package that transformers
@@ -272,6 +281,59 @@ def summarize(samples_ns):
             "mean": round(sum(s) / n / 1000, 3), "max": round(s[-1] / 1000, 3)}
 
 
+class HeapMeter:
+    """``with HeapMeter() as meter: ... meter.held()``: bytes of Python heap allocated since the
+    ``with`` began and still live, after gc.collect().  This script imports nothing of ours, so
+    this is the twin of hybridkv.bench.footprint.HeapMeter (tests/bench/test_footprint.py keeps
+    the two equal)."""
+
+    def __init__(self):
+        self.base = 0           # traced bytes when the with began
+
+    def __enter__(self):
+        gc.collect()
+        tracemalloc.start()
+        self.base = tracemalloc.get_traced_memory()[0]
+        return self
+
+    def held(self) -> int:
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - self.base
+
+    def __exit__(self, *exc):
+        tracemalloc.stop()
+
+
+def footprint_summary(num_blocks, cached_blocks, built, stream):
+    """The twin of hybridkv.bench.footprint.summary (held equal by the same test)."""
+    return {"num_blocks": num_blocks, "cached_blocks": cached_blocks,
+            "built_bytes": built, "stream_bytes": stream,
+            "built_per_block": round(built / num_blocks, 1),
+            "stream_per_block": round(stream / num_blocks, 1),
+            "added_per_cached_block": round((stream - built) / cached_blocks, 1)
+            if cached_blocks else None}
+
+
+def footprint(config, requests):
+    """The manager's bookkeeping bytes per block, as hybridkv.bench.footprint counts them: a
+    manager built and the stream replayed under tracemalloc, after a throwaway manager served
+    the first two requests.  Counted: every Python object the KVCacheManager made and holds
+    (its KVCacheBlock objects, the free queue, the hash -> block map, the per-group managers,
+    the block hasher); it holds no tensors (kv_cache_tensors=[]).  Untimed."""
+    runner = run_serial if config["mode"] == "serial" else run_decode
+    manager, hasher, _ = build_manager(config)
+    runner(Driver(manager, hasher), [dict(r, id=f"warmup-{r['id']}") for r in requests[:2]])
+    del manager, hasher
+    with HeapMeter() as meter:
+        manager, hasher, _ = build_manager(config)
+        built = meter.held()
+        runner(Driver(manager, hasher), requests)
+        stream = meter.held()
+    blocks = manager.block_pool.blocks
+    cached = sum(1 for b in blocks if b.block_hash is not None)
+    return {"side": "vllm", **footprint_summary(len(blocks), cached, built, stream)}
+
+
 def stats_dict(stats):
     if stats is None:
         return None
@@ -306,6 +368,7 @@ def run(config, requests):
                        total_decode_steps=sum(r["decode_steps"] for r in requests)),
         "setup_s": round(setup_s, 4),
         "wall_s": round(wall_s, 4),
+        "stream_s": round(wall_s, 6),
         "timings_us": {name: summarize(driver.times_ns[name]) for name in CALL_TYPES},
         "hits": {
             "lookups": driver.num_lookups,
@@ -324,15 +387,17 @@ def run(config, requests):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} STREAM.json", file=sys.stderr)
+    args = argv[1:]
+    measure = footprint if args[:1] == ["--footprint"] else run
+    if len(args) != 1 + (measure is footprint):
+        print(f"usage: {argv[0]} [--footprint] STREAM.json", file=sys.stderr)
         return 2
     # Anything a library prints goes to stderr; the saved stdout gets the one JSON object.
     out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
-    config, requests = load_stream(argv[1])
-    result = run(config, requests)
+    config, requests = load_stream(args[-1])
+    result = measure(config, requests)
     out.write(json.dumps(result) + "\n")
     out.flush()
     return 0

@@ -123,11 +123,13 @@ def vllm_import_failure(python: str, timeout_s: float = 300) -> str | None:
     return f"{python} cannot import vllm (exit {proc.returncode}): {last}"
 
 
-def run_vllm_side(python: str, stream_path: str, timeout_s: float = 600) -> dict:
+def run_vllm_side(python: str, stream_path: str, timeout_s: float = 600,
+                  footprint: bool = False) -> dict:
     """Run vllm_side.py on a stream under `python` (isolated: no PYTHONPATH, no script folder on
-    sys.path) and return its JSON. Raises RuntimeError with stderr's tail on failure."""
-    proc = subprocess.run([python, "-I", SCRIPT, stream_path], capture_output=True, text=True,
-                          timeout=timeout_s)
+    sys.path) and return its JSON; `footprint`: its bookkeeping-bytes pass instead of the timed
+    replay. Raises RuntimeError with stderr's tail on failure."""
+    proc = subprocess.run([python, "-I", SCRIPT, *(["--footprint"] if footprint else []),
+                           stream_path], capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"vllm_side.py exited {proc.returncode}: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout)

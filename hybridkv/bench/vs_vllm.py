@@ -38,7 +38,16 @@ pools are real CPU tensors, `--device meta` for none): the budget sets the hit r
 Rounds.  R rounds (`--rounds`, default 3); in round i every job runs its hybridkv process and
 its vLLM process back to back (hybridkv first in even rounds, vLLM first in odd ones, so drift
 falls on both).  Reported: per side and call type the median over rounds of each round's
-p50 / p99, and the ratio table hybridkv p50 / vLLM p50 per call type (< 1: hybridkv faster).
+p50 / p99, and the ratio table hybridkv p50 / vLLM p50 per call type (< 1: hybridkv faster),
+plus its "whole stream (replay wall)" row: per side the median over rounds of the replay's wall
+time (`stream_s`: the same requests served, construction excluded on both sides, hybridkv's
+measurement-only hashing pass taken out; hybridkv_side / vllm_side say what is in it).
+
+Footprint (`--no-footprint` skips it).  After the rounds, per job one untimed process per side
+(`--footprint`) measures the manager's bookkeeping bytes per block: the Python heap it holds
+after construction and after the stream, KV storage excluded (hybridkv.bench.footprint says
+exactly what is counted); ratios hybridkv / vLLM per block, and of the bytes held after the
+stream (both sides hold the same KV budget, so that one compares per KV byte).
 
 Extras (hybridkv only, `run_extras`, hybridkv_side processes in interleaved rounds): decode p50
 at a 64k-token context vs 2k, the guard overhead (every spec guard stubbed to True vs on), the
@@ -76,6 +85,7 @@ RATIO_ROWS = (
     ("decode_step_later", "decode_step_later", "decode_step_later"),
     ("free", "free", "free"),
 )
+WHOLE_STREAM_ROW = "whole stream (replay wall)"
 
 
 # -- sizing -----------------------------------------------------------------------------------
@@ -181,10 +191,12 @@ def _env() -> dict:
     return env
 
 
-def run_hybridkv_side(stream_path: str, timeout_s: float = 600) -> dict:
+def run_hybridkv_side(stream_path: str, timeout_s: float = 600, footprint: bool = False) -> dict:
     """Run hybridkv_side on a stream in a fresh process of this python (this checkout first on
-    PYTHONPATH); raises RuntimeError with stderr's tail on failure."""
-    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side", stream_path]
+    PYTHONPATH); `footprint`: its bookkeeping-bytes pass instead of the timed replay.  Raises
+    RuntimeError with stderr's tail on failure."""
+    cmd = [sys.executable, "-m", "hybridkv.bench.hybridkv_side",
+           *(["--footprint"] if footprint else []), stream_path]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                           env=_env(), cwd=vllm_streams.REPO_ROOT)
     if proc.returncode != 0:
@@ -205,6 +217,37 @@ def vllm_status() -> tuple:
              + os.path.join(os.path.dirname(vllm_streams.REPO_ROOT), "vllm-venv", "bin", "python")
              + " does not exist (scripts/vllm_venv creates it)")
     return None, f"no vLLM python: {where}"
+
+
+def measure_footprint(job: dict, python, timeout_s: float, log, errors: list) -> dict:
+    """{side: its footprint summary, "ratios"}: one untimed ``--footprint`` process per side
+    (vLLM's only with a ``python``), errors appended to ``errors``."""
+    out = {}
+    for side in ("hybridkv", "vllm") if python else ("hybridkv",):
+        t0 = time.perf_counter()
+        try:
+            out[side] = (run_hybridkv_side(job["path"], timeout_s, footprint=True)
+                         if side == "hybridkv" else
+                         vllm_streams.run_vllm_side(python, job["path"], timeout_s,
+                                                    footprint=True))
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+            errors.append({"footprint": True, "stream": job["stream"],
+                           "pairing": job["pairing"], "side": side, "error": str(e)[-2000:]})
+            log(f"footprint {job['stream']}/{job['pairing']} {side}: FAILED {e}")
+            continue
+        log(f"footprint {job['stream']}/{job['pairing']} {side}: "
+            f"{time.perf_counter() - t0:.1f}s")
+    if "hybridkv" in out and "vllm" in out:
+        out["ratios"] = footprint_ratios(out["hybridkv"], out["vllm"])
+    return out
+
+
+def footprint_ratios(hk: dict, vl: dict) -> dict:
+    """hybridkv / vLLM of the bookkeeping bytes per block after construction and after the
+    stream, and of the bytes held after the stream (the same KV budget on both sides)."""
+    return {"built_per_block": _ratio(hk["built_per_block"], vl["built_per_block"]),
+            "stream_per_block": _ratio(hk["stream_per_block"], vl["stream_per_block"]),
+            "stream_bytes": _ratio(hk["stream_bytes"], vl["stream_bytes"])}
 
 
 # -- aggregation ------------------------------------------------------------------------------
@@ -239,6 +282,27 @@ def ratio_table(hk: dict, vl: dict) -> dict:
                       "hybridkv_p99": h["p99"], "vllm_p99": v["p99"],
                       "ratio_p99": _ratio(h["p99"], v["p99"])}
     return table
+
+
+def whole_stream(hk_results: list, vl_results: list) -> dict:
+    """The ratio table's whole-stream row from each side's rounds: the median over rounds of
+    ``stream_s`` (the replay's wall time: every request of the stream served, the manager's
+    construction excluded on both sides, hybridkv's measurement-only hashing pass taken out),
+    ratio hybridkv / vLLM (< 1: hybridkv faster)."""
+    hk_s = [r["stream_s"] for r in hk_results]
+    vl_s = [r["stream_s"] for r in vl_results]
+    hk_med, vl_med = statistics.median(hk_s), statistics.median(vl_s)
+    return {"hybridkv_s": round(hk_med, 6), "vllm_s": round(vl_med, 6),
+            "ratio": _ratio(hk_med, vl_med), "hybridkv_s_rounds": hk_s, "vllm_s_rounds": vl_s}
+
+
+def ratios(job: dict) -> list:
+    """(row, ratio) of one job's ratio table: every call type's p50 ratio, then the whole
+    stream's (the ratio of the median replay walls); empty without both sides."""
+    rows = [(row, r["ratio_p50"]) for row, r in job.get("ratios", {}).items()]
+    if "whole_stream" in job:
+        rows.append((WHOLE_STREAM_ROW, job["whole_stream"]["ratio"]))
+    return rows
 
 
 def hits_of(result: dict) -> dict:
@@ -304,12 +368,17 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
                                    "hits": hits_of(res[side][0]),
                                    "hit_rate_same_every_round": len(rates) == 1,
                                    "rounds": len(res[side]),
-                                   "replay_wall_s": [r["wall_s"] for r in res[side]]}
+                                   "replay_wall_s": [r["wall_s"] for r in res[side]],
+                                   "stream_s": [r["stream_s"] for r in res[side]]}
             if res["vllm"]:
                 out["vllm"]["version"] = res["vllm"][0]["vllm_version"]
             if res["hybridkv"] and res["vllm"]:
                 entry["ratios"] = ratio_table(entry["hybridkv"]["timings_us"],
                                               entry["vllm"]["timings_us"])
+                entry["whole_stream"] = whole_stream(res["hybridkv"], res["vllm"])
+            if args.footprint:
+                entry["footprint"] = measure_footprint(job, None if skipped else python,
+                                                       args.timeout, log, out["errors"])
             out["jobs"].append(entry)
         if args.extras:
             t0 = time.perf_counter()
@@ -318,8 +387,7 @@ def run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
             out["extras"] = run_extras(main_job["path"], args, budget, tmp, log, out["errors"])
             log(f"extras: {time.perf_counter() - t0:.1f}s")
     out["ratio_table"] = [{"stream": j["stream"], "pairing": j["pairing"], "row": row,
-                           "ratio_p50": r["ratio_p50"]}
-                          for j in out["jobs"] for row, r in j.get("ratios", {}).items()]
+                           "ratio_p50": ratio} for j in out["jobs"] for row, ratio in ratios(j)]
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
     return out
 
@@ -431,6 +499,29 @@ def _fmt(v, width=9):
     return f"{'-':>{width}}" if v is None else f"{v:>{width}.1f}"
 
 
+def footprint_lines(fp) -> list:
+    """The report's lines for one job's footprint (none when it was skipped)."""
+    if not fp:
+        return []
+    lines = ["   bookkeeping bytes per block (Python heap; after construction / after the "
+             "stream):"]
+    for side, name in (("hybridkv", "hybridkv"), ("vllm", "vLLM")):
+        f = fp.get(side)
+        if f:
+            added = f["added_per_cached_block"]
+            lines.append(f"     {name:8s} {f['built_per_block']:>8.1f} / "
+                         f"{f['stream_per_block']:>8.1f} B  ({f['num_blocks']} blocks, "
+                         f"{f['cached_blocks']} cached after the stream: "
+                         f"{'-' if added is None else f'+{added:.1f}'} B each; "
+                         f"{f['stream_bytes'] / 2**20:.2f} MiB held)")
+    r = fp.get("ratios")
+    if r:
+        lines.append(f"     ratio    {r['built_per_block']:>8.3f} / {r['stream_per_block']:>8.3f}"
+                     f"    per block; {r['stream_bytes']:.3f} of the bytes held after the "
+                     f"stream (same KV budget)")
+    return lines
+
+
 def report(out: dict) -> str:
     lines = [f"hybridkv vs vLLM {out['vllm']['version'] or ''}: median over {out['rounds']} "
              f"rounds of per-round p50/p99 (us); budget {out['budget_bytes'] / 2**20:.0f} MiB "
@@ -461,9 +552,14 @@ def report(out: dict) -> str:
                 lines.append(f"   {row:48s} {_fmt(r['hybridkv_p50'])} {_fmt(r['hybridkv_p99'])} "
                              f"{_fmt(r['vllm_p50'])} {_fmt(r['vllm_p99'])} "
                              f"{r['ratio_p50']:>9.3f}")
+            w = j["whole_stream"]
+            lines.append(f"   {WHOLE_STREAM_ROW + ', s (median of rounds)':48s} "
+                         f"{w['hybridkv_s']:>9.4f} {'':>9} {w['vllm_s']:>9.4f} {'':>9} "
+                         f"{w['ratio']:>9.3f}")
         elif hk:
             for name, t in hk["timings_us"].items():
                 lines.append(f"   {name:48s} {_fmt(t['p50'])} {_fmt(t['p99'])}")
+        lines.extend(footprint_lines(j.get("footprint")))
     ex = out.get("extras")
     if ex:
         lines.append("")

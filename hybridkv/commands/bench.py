@@ -76,6 +76,9 @@ def add_arguments(p) -> None:
     g.add_argument("--no-extras", dest="extras", action="store_false",
                    help="skip the hybridkv-only measurements (64k/2k decode, guards, checked, "
                         "10**9 refusal)")
+    g.add_argument("--no-footprint", dest="footprint", action="store_false",
+                   help="skip the bookkeeping bytes per block pass (one untimed process per "
+                        "side and job, under tracemalloc)")
     g.add_argument("--context", type=_ints(3), default=(2048, 65536, 256),
                    help="SHORT,LONG,STEPS of the decode-at-context extra (default "
                         "2048,65536,256)")

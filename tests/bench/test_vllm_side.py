@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from hybridkv.bench.vllm_streams import (SCRIPT, VLLM_PYTHON_ENV, decode_stream,
-                                         find_vllm_python, mooncake_stream, run_vllm_side,
-                                         tiny_stream, vllm_import_failure, write_stream)
+                                         mooncake_stream, run_vllm_side, tiny_stream,
+                                         write_stream)
+from hybridkv.bench.vs_vllm import vllm_status
 CALL_TYPES = ("lookup", "lookup_excl_hash", "prefill_allocate", "decode_step",
               "decode_step_excl_hash", "decode_step_first", "decode_step_later", "free",
               "new_step_starts")
@@ -73,15 +74,6 @@ def test_mooncake_stream_lengths():
     assert a[:512] == b[:512] and a[512:1024] != b[512:1024]
 
 
-def usable_vllm_python() -> tuple:
-    """(python, None) when the vLLM environment imports vllm, else (None, why it is skipped)."""
-    python = find_vllm_python()
-    if python is None:
-        return None, "vLLM python not found (set HYBRIDKV_VLLM_PYTHON or run scripts/vllm_venv)"
-    failure = vllm_import_failure(python)
-    return (python, None) if failure is None else (None, failure)
-
-
 def _fake_python(tmp_path, body: str) -> str:
     path = tmp_path / "python"
     path.write_text("#!/bin/sh\n" + body + "\n")
@@ -95,7 +87,7 @@ def test_a_vllm_python_without_vllm_is_skipped_with_the_reason(tmp_path, monkeyp
     broken = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'vllm'\" >&2; "
                                     "exit 1")
     monkeypatch.setenv(VLLM_PYTHON_ENV, broken)
-    python, reason = usable_vllm_python()
+    python, reason = vllm_status()
     assert python is None
     assert broken in reason and "exit 1" in reason and "No module named 'vllm'" in reason
 
@@ -103,15 +95,7 @@ def test_a_vllm_python_without_vllm_is_skipped_with_the_reason(tmp_path, monkeyp
 def test_a_vllm_python_that_imports_vllm_is_used(tmp_path, monkeypatch):
     working = _fake_python(tmp_path, 'test "$3" = "import vllm"')
     monkeypatch.setenv(VLLM_PYTHON_ENV, working)
-    assert usable_vllm_python() == (working, None)
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    python, reason = usable_vllm_python()
-    if python is None:
-        pytest.skip(reason)
-    return python
+    assert vllm_status() == (working, None)
 
 
 def run(vllm_python, tmp_path, stream):
@@ -150,6 +134,7 @@ def test_vllm_side_tiny(vllm_python, tmp_path, attention, mode):
     assert out["config"]["attention"] == attention and out["config"]["mode"] == mode
     assert out["final"]["usage"] == 0.0   # everything freed
     assert out["wall_s"] > 0
+    assert out["stream_s"] == pytest.approx(out["wall_s"], abs=1e-4)   # nothing measurement-only
 
 
 def test_vllm_side_tight_budget_refuses(vllm_python, tmp_path):

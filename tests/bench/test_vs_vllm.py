@@ -146,6 +146,28 @@ def test_sizing_budget_below_working_set_refused():
         tiny_job("v4-mini", budget=4096)
 
 
+# -- the whole-stream row -------------------------------------------------------------------
+def test_whole_stream_row_from_both_sides_rounds():
+    """Median over rounds per side of stream_s, ratio hybridkv / vLLM; in the job's ratio rows
+    after the call types."""
+    hk = [{"stream_s": s} for s in (2.0, 9.0, 3.0)]
+    vl = [{"stream_s": s} for s in (4.0, 1.0, 6.0)]
+    w = vs_vllm.whole_stream(hk, vl)
+    assert (w["hybridkv_s"], w["vllm_s"], w["ratio"]) == (3.0, 4.0, 0.75)
+    assert w["hybridkv_s_rounds"] == [2.0, 9.0, 3.0] and w["vllm_s_rounds"] == [4.0, 1.0, 6.0]
+    job = {"ratios": {"lookup": {"ratio_p50": 1.5}}, "whole_stream": w}
+    assert vs_vllm.ratios(job) == [("lookup", 1.5), (vs_vllm.WHOLE_STREAM_ROW, 0.75)]
+    assert vs_vllm.ratios({}) == []
+
+
+def test_hybridkv_stream_s_drops_the_hashing_pass(tmp_path):
+    """stream_s is the replay wall less the lookup_hash pass, which only measures."""
+    out = replay_file(tmp_path, tiny_job("full"))
+    hash_pass_s = out["timings_us"]["lookup_hash"]["mean"] * TINY_N / 1e6
+    assert hash_pass_s > 1e-5
+    assert out["stream_s"] == pytest.approx(out["wall_s"] - hash_pass_s, abs=3e-6)
+
+
 # -- guards ---------------------------------------------------------------------------------
 def test_stubbed_guards_restored_and_no_spec_guard_called(tmp_path):
     """Inside the stubs no spec guard runs during a replay except the one that chooses between
@@ -238,7 +260,8 @@ def test_cli_without_vllm_prints_one_json_object(tmp_path):
     assert [(j["stream"], j["pairing"]) for j in out["jobs"]] == [("tiny", "v4-mini"),
                                                                    ("tiny", "full")]
     for j in out["jobs"]:
-        assert "vllm" not in j and "ratios" not in j
+        assert "vllm" not in j and "ratios" not in j and "whole_stream" not in j
+        assert set(j["footprint"]) == {"hybridkv"}          # vLLM's pass skipped too
         assert j["hybridkv"]["timings_us"]["decode_step"]["count"] == TINY_N * TINY_STEPS
     assert out["jobs"][0]["hybridkv"]["hits"]["hit_tokens"] == TINY_HIT_TOKENS
     assert out["ratio_table"] == [] and out["errors"] == []
@@ -246,10 +269,10 @@ def test_cli_without_vllm_prints_one_json_object(tmp_path):
 
 def test_cli_text_says_vllm_skipped(tmp_path):
     proc = bench("--streams", "tiny", "--pairings", "full", "--rounds", "1", "--no-extras",
-                 env={"HYBRIDKV_VLLM_PYTHON": str(tmp_path / "nope")})
+                 "--no-footprint", env={"HYBRIDKV_VLLM_PYTHON": str(tmp_path / "nope")})
     assert proc.returncode == 0, proc.stderr
     assert "vLLM skipped: no vLLM python" in proc.stdout
-    assert "decode_step" in proc.stdout
+    assert "decode_step" in proc.stdout and "bookkeeping" not in proc.stdout
 
 
 def test_cli_bad_arguments():
@@ -282,4 +305,14 @@ def test_cli_tiny_interleaved_ratio_table():
         r = rows[row]
         assert r["ratio_p50"] == pytest.approx(r["hybridkv_p50"] / r["vllm_p50"], rel=1e-2)
     assert {(r["stream"], r["pairing"]) for r in out["ratio_table"]} == {("tiny", "v4-mini")}
+    w = job["whole_stream"]
+    assert len(w["hybridkv_s_rounds"]) == len(w["vllm_s_rounds"]) == 2
+    assert w["ratio"] == pytest.approx(w["hybridkv_s"] / w["vllm_s"], rel=1e-2)
+    assert out["ratio_table"][-1] == {"stream": "tiny", "pairing": "v4-mini",
+                                      "row": vs_vllm.WHOLE_STREAM_ROW, "ratio_p50": w["ratio"]}
+    assert vs_vllm.WHOLE_STREAM_ROW in vs_vllm.report(out)
+    fp = job["footprint"]
+    assert fp["ratios"] == vs_vllm.footprint_ratios(fp["hybridkv"], fp["vllm"])
+    assert fp["vllm"]["num_blocks"] == 400 and fp["hybridkv"]["built_per_block"] > 0
+    assert "bookkeeping bytes per block" in vs_vllm.report(out)
     assert len(job["hybridkv"]["timings_us"]["lookup"]["p50_rounds"]) == 2

@@ -3,6 +3,6 @@ funnel, the writer, snapshots, admission, eviction, the disk link and checked mo
 from hybridkv.cache.funnel import HitPlan, Read, Rejection
 from hybridkv.cache.manager import CacheManager
 from hybridkv.cache.pool import ObjRef
-from hybridkv.cache.request import Allocation, GroupTables
+from hybridkv.cache.request import Allocation, CheckedTokens, GroupTables
 
-__all__ = ["Allocation", "CacheManager", "GroupTables", "HitPlan", "ObjRef", "Read", "Rejection"]
+__all__ = ["Allocation", "CacheManager", "CheckedTokens", "GroupTables", "HitPlan", "ObjRef", "Read", "Rejection"]

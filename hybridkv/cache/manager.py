@@ -37,7 +37,7 @@ from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
 from hybridkv.cache.pool import ObjRef, Pool
 from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
-                                   check_tokens)
+                                   check_tokens, lookup_tokens)
 from hybridkv.cache.snapshots import Snapshots
 from hybridkv.cache.subpages import WindowSubPages, merged
 from hybridkv.cache.tables import TransitionRefused
@@ -180,31 +180,33 @@ class CacheManager:
             raise BadArgument("hint must be a str of at most 64 characters", hint)
         if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
             raise BadArgument("request_id must be a str or int", request_id)
-        tokens = check_tokens(token_ids, self.vocab)
+        tokens, source = lookup_tokens(token_ids, self.vocab)
         if not tokens:
             raise BadTokens("a lookup needs at least one token", (0, None))
         old = self.requests.get(request_id)
         if old is not None and old.phase != LOOKED:
             raise RequestBusy("request already holds cache state", request_id)
         root = root_key(self.layout, salt)
-        keys = extend_chain(self._known_keys(old, root, tokens), root, tokens,
+        keys = extend_chain(self._known_keys(old, root, tokens, source), root, tokens,
                             self.layout.granule)
         plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),
                           self.disk_link)
         self.requests[request_id] = Request(request_id, salt, root, tokens, keys, plan,
-                                            len(tokens), hint)
+                                            len(tokens), hint, source)
         self.metrics.lookup(plan)
         return plan
 
-    def _known_keys(self, old, root, tokens):
+    def _known_keys(self, old, root, tokens, source):
         """The chain keys a looked-up request already has for a prefix of ``tokens`` under the
         same root (an engine re-asks a waiting request every step): only the granules past
-        them are hashed again.  Empty when there is nothing to reuse."""
+        them are hashed again.  Empty when there is nothing to reuse.  Two prefixes of one
+        ``source`` (CheckedTokens: append-only) agree without comparing them."""
         if old is None or old.root_key != root:
             return []
         n = min(len(old.chain_keys), len(tokens) // self.layout.granule)
         covered = n * self.layout.granule
-        if n == 0 or old.token_ids[:covered] != tokens[:covered]:
+        if n == 0 or (source is None or old.token_source is not source) and \
+                old.token_ids[:covered] != tokens[:covered]:
             return []
         return old.chain_keys[:n]
 
@@ -284,7 +286,7 @@ class CacheManager:
             raise RequestBusy("unpin only a pinned request that wrote nothing", request_id)
         self.writer.release(req)
         fresh = Request(req.request_id, req.salt, req.root_key, req.token_ids, req.chain_keys,
-                        req.plan, req.prompt_len, req.hint)
+                        req.plan, req.prompt_len, req.hint, req.token_source)
         self.requests[request_id] = fresh
 
     @locked

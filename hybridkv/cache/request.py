@@ -123,6 +123,7 @@ class Request:
     plan: HitPlan
     prompt_len: int
     hint: str = ""                  # the caller's class of the request (eviction policy)
+    token_source: object = None     # the CheckedTokens token_ids were a prefix of, or None
     phase: int = LOOKED
     num_computed_tokens: int = 0    # committed: their state is in the request's objects
     num_allocated_tokens: int = 0
@@ -196,6 +197,52 @@ def check_tokens(token_ids, vocab):
     if packed.min() < 0 or (vocab is not None and packed.max() >= vocab):
         raise _first_bad(token_ids, vocab)
     return list(token_ids)
+
+
+class CheckedTokens:
+    """One prompt's token ids, checked once as they arrive (``check_tokens`` against
+    ``vocab``) and append-only.  An engine re-asks a waiting request every step: it passes
+    ``prefix(n)`` to ``CacheManager.lookup``, which then checks no token twice and, looking
+    the same source up again, compares none it already holds (a prefix of an append-only list
+    never changes)."""
+    __slots__ = ("vocab", "_ids")
+
+    def __init__(self, vocab, token_ids=()):
+        self.vocab, self._ids = vocab, check_tokens(token_ids, vocab)
+
+    def extend(self, token_ids):
+        """Append ``token_ids`` (checked; BadTokens changes nothing)."""
+        self._ids += check_tokens(token_ids, self.vocab)
+
+    def __len__(self):
+        return len(self._ids)
+
+    def prefix(self, end):
+        """The ids of positions [0, end), for ``CacheManager.lookup``."""
+        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= len(self._ids):
+            raise BadArgument("prefix end must be an int in [0, len]", end)
+        return TokenPrefix(self, end)
+
+    def ids(self, end):
+        """A new list of the ids of positions [0, end)."""
+        return self._ids[:end]
+
+
+class TokenPrefix(NamedTuple):
+    source: CheckedTokens
+    end: int
+
+
+def lookup_tokens(token_ids, vocab):
+    """(tokens, source) for a lookup: the ids of a ``TokenPrefix`` of ``CheckedTokens``
+    (checked again only when checked against another ``vocab``), anything else through
+    ``check_tokens``; source is the CheckedTokens whose check stands, else None."""
+    if type(token_ids) is TokenPrefix and type(token_ids.source) is CheckedTokens:
+        ids = token_ids.source.ids(token_ids.end)
+        if token_ids.source.vocab == vocab:
+            return ids, token_ids.source
+        token_ids = ids
+    return check_tokens(token_ids, vocab), None
 
 
 def _first_bad(token_ids, vocab):

@@ -55,3 +55,48 @@ def test_candidates_are_every_recorded_or_disk_granule_longest_first(recorded, l
     limit = min(limit, len(keys))
     want = [i * 16 for i in range(limit, 0, -1) if keys[i - 1] in ckpts or i in on_disk]
     assert candidate_positions(keys, limit, 16, ckpts, frozenset(on_disk)) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 255), max_size=20), min_size=1, max_size=5),
+       st.lists(st.integers(1, 100), min_size=1, max_size=5))
+def test_a_checked_tokens_prefix_looks_up_as_its_list(chunks, ends):
+    """Looking a growing CheckedTokens up again and again (an engine re-asking a waiting
+    request) gives the plan and keys a plain list gives, looked up afresh each time."""
+    from hybridkv.cache import CheckedTokens
+    m, ref = mk(), mk()
+    run(m, "a", P40)
+    run(ref, "a", P40)
+    source = CheckedTokens(m.vocab, P40[:20])
+    for chunk, end in zip(chunks, ends):
+        source.extend(chunk)
+        end = min(end, len(source))
+        plan = m.lookup("b", source.prefix(end))
+        ref.requests.pop("b", None)
+        want = ref.lookup("b", source.ids(end))
+        assert m.requests["b"].token_ids == source.ids(end)
+        assert list(plan.chain_keys) == list(want.chain_keys) == fresh_keys(source.ids(end))
+        assert (plan.reuse_tokens, plan.candidates) == (want.reuse_tokens, want.candidates)
+
+
+def test_checked_tokens_refuse_bad_ids_and_a_foreign_vocabulary_is_checked_again():
+    """extend checks what it appends (BadTokens, nothing appended); a prefix checked against
+    another vocabulary, or a hand-made one, goes through the lookup's own check."""
+    import pytest
+    from hybridkv.cache import CheckedTokens
+    from hybridkv.cache.request import TokenPrefix
+    from hybridkv.errors import BadArgument, BadTokens
+    source = CheckedTokens(256, [1, 2, 3])
+    for bad in ([4, 256], [4, -1], [4, True], [4, 1.0]):
+        with pytest.raises(BadTokens):
+            source.extend(bad)
+        assert len(source) == 3
+    with pytest.raises(BadArgument):
+        source.prefix(4)
+    m = mk()
+    wide = CheckedTokens(None, [7, 300])           # no vocabulary: 300 passes here
+    with pytest.raises(BadTokens) as e:
+        m.lookup("w", wide.prefix(2))
+    assert e.value.value == (1, 300) and "w" not in m.requests
+    with pytest.raises(BadTokens):
+        m.lookup("f", TokenPrefix([7, 300], 2))     # not a CheckedTokens: checked as given

@@ -28,5 +28,6 @@ def test_cached_ids_equal_a_fresh_translation_as_the_request_grows(bs, steps):
             while len(req.block_hashes) < req.num_tokens // bs:
                 req.block_hashes.append(len(req.block_hashes).to_bytes(8, "big") * 4)
         end = min(ask, known_positions(req, bs))
-        assert ids.upto(end) == token_ids(req, 0, end, bs)
+        prefix = ids.upto(end)
+        assert prefix.source.ids(prefix.end) == token_ids(req, 0, end, bs)
     assert ids.fits(req, bs) and not ids.fits(FakeRequest(), bs) and not ids.fits(req, bs + 1)

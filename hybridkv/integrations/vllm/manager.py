@@ -143,7 +143,8 @@ class KVCacheManager(UnusedMachinery):
         keyed = self._keyed(request) if keyed is None else keyed
         ids = self.prompt_ids.get(request.request_id)
         if ids is None or not ids.fits(request, keyed):
-            ids = self.prompt_ids[request.request_id] = TranslatedIds(request, keyed)
+            ids = self.prompt_ids[request.request_id] = TranslatedIds(request, keyed,
+                                                                      self.cache.vocab)
         while True:                    # never through a block whose bytes vLLM reported bad
             plan = self.cache.lookup(request.request_id, ids.upto(limit + 1), salt)
             below = self.bad.limit(plan)

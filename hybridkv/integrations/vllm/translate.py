@@ -7,6 +7,7 @@ hybridkv's tenant salt.
 """
 from dataclasses import dataclass, field
 
+from hybridkv.cache.request import CheckedTokens
 from hybridkv.errors import BadArgument
 
 
@@ -68,22 +69,24 @@ def token_ids(request, start, end, hash_block_size=0):
 
 
 class TranslatedIds:
-    """One request's ``token_ids``, translated once per position: vLLM's token ids and block
-    hashes only grow and callers ask only within ``known_positions``, so an id once known
-    never changes (a waiting request is looked up again every step: only its new positions
-    are translated)."""
+    """One request's ``token_ids``, translated and checked once per position (hybridkv's
+    CheckedTokens against the cache's ``vocab``): vLLM's token ids and block hashes only grow
+    and callers ask only within ``known_positions``, so an id once known never changes (a
+    waiting request is looked up again every step: only its new positions are translated,
+    and the lookup checks and compares none of the old ones again)."""
 
-    def __init__(self, request, hash_block_size):
-        self.request, self.hash_block_size, self.ids = request, hash_block_size, []
+    def __init__(self, request, hash_block_size, vocab=None):
+        self.request, self.hash_block_size = request, hash_block_size
+        self.ids = CheckedTokens(vocab)
 
     def fits(self, request, hash_block_size):
         return request is self.request and hash_block_size == self.hash_block_size
 
     def upto(self, end):
-        """The ids of positions [0, end)."""
+        """The ids of positions [0, end), as a prefix ``CacheManager.lookup`` takes."""
         if len(self.ids) < end:
-            self.ids += token_ids(self.request, len(self.ids), end, self.hash_block_size)
-        return self.ids[:end]
+            self.ids.extend(token_ids(self.request, len(self.ids), end, self.hash_block_size))
+        return self.ids.prefix(end)
 
 
 def known_positions(request, hash_block_size=0):

@@ -87,6 +87,8 @@ class _Entry:
 class ValuePolicy:
     """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
 
+    admit_uses_seq = False    # admit() takes no sequence number (admit_run may batch it)
+
     def __init__(self, learn: bool = True, flops_weight: float = 0.25, recency: float = 0.0):
         self.learn = learn
         self.flops_weight = flops_weight
@@ -141,6 +143,27 @@ class ValuePolicy:
         self._now = now
         self._e[meta.key] = e
         self._enter(e)
+
+    def admit_run(self, metas, now: float = 0.0) -> None:
+        """``admit`` of each of ``metas`` in order (new entries, none eligible yet): the same
+        entries, priorities and class counts, without a call per entry.  Subclasses whose
+        ``_enter`` differs admit one by one."""
+        if type(self)._enter is not ValuePolicy._enter or not metas:
+            for meta in metas:
+                self.admit(meta, now)
+            return
+        self._now = now
+        entries, moved, entered = self._e, self._moved, self._entered
+        clock, weight, learn = self.clock, self.flops_weight, self.learn
+        later = self.recency * now
+        for meta in metas:
+            if meta.key in entries:
+                raise PolicyError("duplicate key", meta.key)
+            e = entries[meta.key] = _Entry(meta)
+            cls = (meta.kind, meta.tag, 0)
+            n = entered[cls] = entered.get(cls, 0) + 1
+            p = (moved.get(cls, 0) + 1.0) / (n + 2.0) if learn else 1.0
+            e.prio = clock + p * (max(meta.flops, 0.0) / max(meta.nbytes, 1)) ** weight + later
 
     def access(self, key, now: float = 0.0) -> None:
         e = self._get(key)
@@ -220,6 +243,8 @@ class ValuePolicy:
 class LRUPolicy(ValuePolicy):
     """Plain recency through the same protocol (for comparison): every entry has equal value."""
 
+    admit_uses_seq = True     # an entry's priority is its admission's sequence number
+
     def _value(self, e: _Entry, cls: tuple | None = None) -> float:
         return 0.0
 
@@ -245,6 +270,7 @@ class FilteredLRUPolicy(ValuePolicy):
     ample capacity (conversation, full, 100k: 0.3686 vs 0.3708)."""
 
     DEAD = -1e15
+    admit_uses_seq = True
 
     def __init__(self, learn: bool = True, tau: float = 0.2):
         super().__init__(learn, 0.0)

@@ -79,32 +79,47 @@ class Evictor:
             ents, recs = index.entries[pk], pool.recs
             tag = "/".join([pk[0], *(t for t in tags if t)])
             nbytes, n_layers = pool.block_nbytes, pool.n_layers
-            changed = []
+            bulk = not getattr(policy, "admit_uses_seq", True)   # admissions first, at once
+            changed, metas = [], []
             for r in group:
                 b = r.ref.block
                 e = ents.get(b)
-                st = recs[b].st
-                if e is None or st == PINNED:
+                if e is None or recs[b].st == PINNED:
                     continue
                 if b not in admitted:
                     admitted.add(b)
-                    policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block", nbytes,
-                                           float(r.at * n_layers), tag), clock)
-                if st in CACHED_STATES:
-                    cached.add(b)
-                    leaf = not e.children
-                else:
-                    cached.discard(b)
-                    leaf = False
-                if leaf and b not in eligible:
-                    policy.eligible(b)
-                    eligible.add(b)
-                elif not leaf and b in eligible:
-                    policy.ineligible(b)
-                    eligible.discard(b)
-                pool.touch(b)
+                    meta = EntryMeta(b, "checkpoint" if r.exact else "block", nbytes,
+                                     float(r.at * n_layers), tag)
+                    if bulk:
+                        metas.append(meta)
+                    else:
+                        policy.admit(meta, clock)
+                if not bulk:
+                    self._place(pk, b, e, recs[b].st)
                 changed.append(b)
+            if bulk:
+                policy.admit_run(metas, clock)
+                for b in changed:
+                    self._place(pk, b, ents[b], recs[b].st)
             self.liveness.settle_chain(pk, changed)
+
+    def _place(self, pk, b, e, st):
+        """Block b (index entry ``e``, state ``st``) in or out of ``cached`` and offered to
+        the policy while a cached leaf (``refresh`` with the entry in hand)."""
+        cached, eligible = self.cached[pk], self.eligible[pk]
+        if st in CACHED_STATES:
+            cached.add(b)
+            leaf = not e.children
+        else:
+            cached.discard(b)
+            leaf = False
+        if leaf and b not in eligible:
+            self.policies[pk].eligible(b)
+            eligible.add(b)
+        elif not leaf and b in eligible:
+            self.policies[pk].ineligible(b)
+            eligible.discard(b)
+        self.pools[pk].touch(b)
 
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live

@@ -2,6 +2,8 @@
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridkv.bench.layouts import FULL, V4_MINI, UnknownLayoutError, get_layout
 from hybridkv.bench.managers import LRUManager, PolicyManager
@@ -159,3 +161,32 @@ def test_layout_costs():
     assert FULL.span_flops(0, 512) < FULL.span_flops(512, 1024)   # attention grows with depth
     with pytest.raises(UnknownLayoutError):
         get_layout("v5")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["block", "checkpoint"]), st.sampled_from(["", "t"]),
+                          st.integers(0, 10 ** 6), st.integers(1, 4096)), max_size=30),
+       st.integers(0, 5), st.booleans(), st.sampled_from([0.0, 0.5]))
+def test_admit_run_leaves_what_admit_one_by_one_leaves(specs, used, learn, recency):
+    """ValuePolicy.admit_run: the entries, priorities and class counts of admitting each
+    meta in turn, after some history (accesses and an eviction moved the clock and the
+    class counts)."""
+    def policy():
+        p = ValuePolicy(learn=learn, recency=recency)
+        for i in range(used + 1):
+            p.admit(EntryMeta(("old", i), "block", 64, 1000.0 * i, ""), float(i))
+            p.eligible(("old", i))
+            for _ in range(i % 3):
+                p.access(("old", i), float(i))
+        p.remove(p.victim())
+        return p
+    metas = [EntryMeta(i, kind, nbytes, float(flops), tag)
+             for i, (kind, tag, flops, nbytes) in enumerate(specs)]
+    one, run = policy(), policy()
+    for m in metas:
+        one.admit(m, 7.0)
+    run.admit_run(metas, 7.0)
+    assert {k: (e.prio, e.uses, e.seq) for k, e in run._e.items()} == \
+        {k: (e.prio, e.uses, e.seq) for k, e in one._e.items()}
+    assert (run._entered, run._moved, run.clock, run._now) == \
+        (one._entered, one._moved, one.clock, one._now)

@@ -177,6 +177,9 @@ def check_timeout(name, v):
         raise BadArgument(f"{name} must be a number of seconds >= 0", v)
 
 
+SHORT_TOKENS = 16      # check_tokens checks up to this many ids in a plain loop
+
+
 def check_tokens(token_ids, vocab):
     """A list of ints in [0, vocab), checked in bulk: one C-speed pass over the types (plain
     ints only: no bool, no float, no numpy scalar), then the range read off an int64 packing
@@ -188,6 +191,12 @@ def check_tokens(token_ids, vocab):
         raise BadTokens("token_ids must be a sequence of ints", type(token_ids).__name__)
     if not token_ids:
         return []
+    if len(token_ids) <= SHORT_TOKENS:          # a decode step's few ids: no numpy
+        top = (1 << 63) if vocab is None else vocab
+        for t in token_ids:
+            if type(t) is not int or not 0 <= t < top:
+                raise _first_bad(token_ids, vocab)
+        return list(token_ids)
     if set(map(type, token_ids)) != {int}:
         raise _first_bad(token_ids, vocab)
     try:

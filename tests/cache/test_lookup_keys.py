@@ -100,3 +100,25 @@ def test_checked_tokens_refuse_bad_ids_and_a_foreign_vocabulary_is_checked_again
     assert e.value.value == (1, 300) and "w" not in m.requests
     with pytest.raises(BadTokens):
         m.lookup("f", TokenPrefix([7, 300], 2))     # not a CheckedTokens: checked as given
+
+
+ODD = st.sampled_from([True, False, 1.0, -1, 256, 1 << 63, None, "7", 2 ** 70])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 255), ODD), max_size=40), st.sampled_from([256, None]))
+def test_check_tokens_accepts_exactly_plain_ints_in_range_short_or_long(tokens, vocab):
+    """check_tokens (a plain loop up to SHORT_TOKENS ids, numpy past it) against its
+    definition: plain ints in [0, vocab) (below 2**63 without one); else BadTokens naming
+    the first bad id."""
+    import pytest
+    from hybridkv.cache.request import check_tokens
+    from hybridkv.errors import BadTokens
+    top = (1 << 63) if vocab is None else vocab
+    bad = [(i, t) for i, t in enumerate(tokens) if type(t) is not int or not 0 <= t < top]
+    if bad:
+        with pytest.raises(BadTokens) as e:
+            check_tokens(tokens, vocab)
+        assert e.value.value == bad[0]
+    else:
+        assert check_tokens(tokens, vocab) == tokens

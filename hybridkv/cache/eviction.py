@@ -248,6 +248,26 @@ class Evictor:
             self.refresh(parent)
         self.mark_dead(dead)
 
+    def discard_run(self, pk, blocks, event):
+        """``drop`` (by ``event``) of each of ``blocks`` of pool ``pk``, in order: a request's
+        working blocks, never published nor admitted (a window's pages it slid past), so
+        nothing but the table, the sets and the liveness sees them: the table once over the
+        run (Pool.fire_run).  Any other block, or ``runs`` off, goes through ``drop`` one by
+        one."""
+        pool, ents, admitted = self.pools[pk], self.index.entries[pk], self.admitted[pk]
+        if len(blocks) < 2 or not self.runs or any(b in ents or b in admitted or pool.recs[b].st == STALE
+                                  for b in blocks):
+            for b in blocks:
+                self.drop(_ref(pk, b), event)
+            return
+        pool.fire_run(blocks, event)
+        dead, cached, eligible = self.dead[pk], self.cached[pk], self.eligible[pk]
+        for b in blocks:                # unpublished: no liveness (Liveness holds published)
+            dead.pop(b, None)
+            cached.discard(b)
+            eligible.discard(b)
+            pool.touch(b)
+
     def make_room(self, pk, k):
         """Evict this pool's victims (never another kind's) until k blocks are free
         (``evict_run`` after run)."""

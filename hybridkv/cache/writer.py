@@ -226,6 +226,21 @@ class ObjectWriter:
         (req.drafts if draft else work.pages).append(o)
         return o
 
+    def _pages(self, req, g, first, stop):
+        """``_page`` of window pages first .. stop - 1 (regular ones), as one run (page by
+        page with the Evictor's ``runs`` off: the reference)."""
+        if stop - first < 2 or not self.evictor.runs:
+            for j in range(first, stop):
+                self._page(req, g, j)
+            return
+        objs = Owned.write_run(self.pools[("swa", g.name)],
+                               [(j + 1) * g.window for j in range(first, stop)])
+        work = req.work[g.name]
+        if not work.pages:
+            work.first_page = first
+        req.tables[g.name].swa.extend(map(self._slot, objs))
+        work.pages.extend(objs)
+
     # -- an allocation's objects ----------------------------------------------------------------
     def write(self, req, end, draft_end):
         """Chain blocks and pages up to ``end`` (and drafts up to ``draft_end``) that the
@@ -242,8 +257,10 @@ class ObjectWriter:
                         self._chain_block(req, g, kind, (j + 1) * bs, draft=1)
             if "swa" in g.kinds:
                 W = g.window
-                for j in range(len(tables.swa), ceil_div(draft_end, W)):
-                    self._page(req, g, j, draft=int(j * W >= end))
+                first, regular = len(tables.swa), max(len(tables.swa), ceil_div(end, W))
+                self._pages(req, g, first, regular)
+                for j in range(regular, ceil_div(draft_end, W)):
+                    self._page(req, g, j, draft=1)
                 self.subpages.reach(req, g.name, req.num_allocated_tokens, draft_end)
             if draft_end > end:
                 if "tail" in g.kinds:
@@ -350,11 +367,13 @@ class ObjectWriter:
             if "swa" not in g.kinds:
                 continue
             work, tables, W = req.work[g.name], req.tables[g.name], g.window
+            gone = []
             while work.pages and (work.first_page + 1) * W <= L - W + 1:
-                o = work.pages.popleft()
+                gone.append(work.pages.popleft().ref.block)
                 tables.swa[work.first_page] = -1
                 work.first_page += 1
-                self.evictor.drop(o.ref, "reject")
+            if gone:
+                self.evictor.discard_run(("swa", g.name), gone, "reject")
             self.subpages.slide(req, g.name, L)
 
     # -- drafts ---------------------------------------------------------------------------------

@@ -17,10 +17,14 @@ whole trace block it covers; v4-mini rounds it up to a multiple of m' = 128 (an 
 hold whole compressed entries).
 
 Memory (bench.sizing): one byte budget, `capacity_blocks` x the layout's chain bytes per 512
-tokens, drawn as one block arena of equal pages by default (``CacheManager(num_pages=N)``:
-snapshots and chain blocks share every page, the arena picks which kind gives one back; the
-chained groups' blocks grown so the pages pad least, `arena_layout`), or with ``arena=False``
-(``--fixed-pools``) as fixed per-pool sizes split from the mean prompt (`runtime_pool_sizes`).
+tokens, drawn as one block arena of equal pages (``arena=True``, ``--memory arena``:
+``CacheManager(num_pages=N)``, snapshots and chain blocks share every page, the arena picks
+which kind gives one back; the chained groups' blocks grown so the pages pad least,
+`arena_layout`) or as fixed per-pool sizes split from the mean prompt (``arena=False``,
+``--memory fixed``: `runtime_pool_sizes`).  The default is the arena where its pages pad
+nothing (full: one pool, the same memory either way) and fixed pools where they pad (v4-mini:
+25-39% of the held pages are padding, and the arena hits less at every point of
+scripts/replay_table).
 """
 from __future__ import annotations
 
@@ -94,8 +98,8 @@ class RuntimeManager:
         self.chunk_tokens = chunk_tokens
         if arena and snapshot_fraction is not None:
             raise ValueError("snapshot_fraction sizes the fixed split: it needs arena=False "
-                             "(--fixed-pools)")
-        self.arena = arena
+                             "(--memory fixed)")
+        self.uses_arena = arena
         self.snapshot_fraction = None if arena else snapshot_fraction
         self.checkpoints_per_chain = None if arena else defaults["checkpoints_per_chain"]
         if arena:
@@ -150,7 +154,7 @@ class RuntimeManager:
                "page_tokens": self.page_tokens,
                "block_tokens": {g.name: g.block_size for g in self.rlayout.groups},
                "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
-               "arena": self.mgr.stats()["arena"] if self.arena else None,
+               "arena": self.mgr.stats()["arena"] if self.uses_arena else None,
                "snapshot_fraction": self.snapshot_fraction,
                "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,
                "hints": self.hints, "refused": self.refused}

@@ -1,5 +1,5 @@
 """The memory of a replay (bench.runtime): one byte budget, laid out either as one block arena
-(the default) or as fixed per-pool sizes (``--fixed-pools``).
+or as fixed per-pool sizes (``--memory arena|fixed``; RuntimeManager picks the default).
 
 Budget (`byte_budget`): `capacity_blocks` x the layout's chain bytes per 512 tokens (comp +
 idx of every chained group), whatever the page.  Both layouts of the budget first hold the
@@ -15,9 +15,9 @@ every smaller block is padded up to it, so `arena_layout` grows each chained gro
 (doubling its tokens) until its comp block is at least the largest block whose size does not
 follow the block (tails, windows): on v4-mini at 512-token pages the 32,512-byte HCA tail sets
 the page, CSA blocks grow to 1024 tokens (a 32 KiB comp block) and HCA blocks to 32,768 (the
-held pages pad 71% at 512-token blocks everywhere, 27% so).  Hits keep the 512-token granule:
-a resume point off a grown block's boundary reads that group's open comp block from the
-checkpoint, as every v4-mini hit reads its window from one.
+held pages pad 71% with 512-token blocks everywhere, 25-39% so).  Hits keep the 512-token
+granule: a resume point off a grown block's boundary reads that group's open comp block from
+the checkpoint, as every v4-mini hit reads its window from one.
 
 Fixed split (`runtime_pool_sizes`, `tuned`): per-pool sizes from the budget.  After the floor
 the rest is split between chain units (``unit``: one block in each chain pool) and checkpoint

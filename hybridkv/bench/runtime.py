@@ -16,47 +16,34 @@ The page P (`page_tokens`) is the trace's block tokens (512 on Mooncake), so a h
 whole trace block it covers; v4-mini rounds it up to a multiple of m' = 128 (an HCA block must
 hold whole compressed entries).
 
-Capacity (`runtime_pool_sizes`): `capacity_blocks` x the layout's chain bytes per 512 tokens
-(comp + idx of every chained group) is the byte budget of all pools together, whatever the page;
-``unit`` is the chain bytes of one page, so the chain blocks follow from the budget.
-It holds first the working objects of the longest request (its pinned chain, one chunk's window
-pages, tails and the snapshots of one allocation), then splits the rest between chain units
-(one block in each chain pool) and checkpoint sets (the exact objects of a checkpoint at a block
-boundary: one block in each snapshot pool, ``ckpt_bytes`` = 3.24 units on v4-mini).
-
-Tuning (`tuned`).  The manager's pools have fixed sizes, so the split cannot follow demand as
-the simulator's borrowing did; it is set from the workload's mean prompt instead: a cached
-request keeps about RETAINED_PER_REQUEST = 1.2 checkpoints (its end, sometimes a branch point)
-over mean_tokens / P chain blocks, plus mean_tokens / every_n periodic ones, so checkpoint
-sets per chain unit = (1.2 + mean_tokens / every_n) x P / mean_tokens.  Periodic checkpoints
-(every_n = 1024, rounded up to a multiple of P) pay only once the budget holds DENSE_REQUESTS =
-2000 mean prompts; below that they evict the retention points other requests would hit.
-Chosen from v4-mini sweeps on both Mooncake traces and the bench's synthetic generator (the
-optimum sits at 0.03-0.05 sets per unit at 10k blocks on Mooncake, 0.13 on the generator's
-shorter prompts, about 0.5 with periodic checkpoints at 100k; all at 512-token pages);
-`--snapshot-fraction` / `--every-n` override it.
+Memory (bench.sizing): one byte budget, `capacity_blocks` x the layout's chain bytes per 512
+tokens, drawn as one block arena of equal pages (``arena=True``, ``--memory arena``:
+``CacheManager(num_pages=N)``, snapshots and chain blocks share every page, the arena picks
+which kind gives one back; the chained groups' blocks grown so the pages pad least,
+`arena_layout`) or as fixed per-pool sizes split from the mean prompt (``arena=False``,
+``--memory fixed``: `runtime_pool_sizes`).  The default is the arena where its pages pad
+nothing (full: one pool, the same memory either way) and fixed pools where they pad (v4-mini:
+25-39% of the held pages are padding, and the arena hits less at every point of
+scripts/replay_table).
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import NamedTuple
 
+from hybridkv.bench.layouts import BLOCK
 from hybridkv.bench.managers import Served
+from hybridkv.bench.sizing import (CHUNK_TOKENS, arena_layout, arena_sizing, byte_budget,
+                                   runtime_pool_sizes, tuned)
 from hybridkv.bench.traces import DEFAULT_VOCAB, request_token_ids
 from hybridkv.cache import CacheManager
 from hybridkv.errors import AdmissionRefused
-from hybridkv.layout import ceil_div
-from hybridkv.layout import ModelLayout
+from hybridkv.layout import ModelLayout, ceil_div
 from hybridkv.policy import FilteredLRUPolicy
 
-PAGE_TOKENS = 512              # tokens per capacity block; the page on Mooncake traces
+PAGE_TOKENS = BLOCK            # tokens per capacity block; the page on Mooncake traces
 HCA_RATIO = 128                # v4-mini's m': its page is a multiple of this
-CHUNK_TOKENS = 2048            # prefill chunk
 LAYOUT_NAMES = ("full", "v4-mini")
-RETAINED_PER_REQUEST = 1.2     # checkpoints a cached request keeps besides periodic ones
-DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this many prompts
-DENSE_EVERY_N = 1024
 
 
 def page_tokens(layout_name: str, block_tokens: int = PAGE_TOKENS) -> int:
@@ -64,19 +51,6 @@ def page_tokens(layout_name: str, block_tokens: int = PAGE_TOKENS) -> int:
     if layout_name == "v4-mini":
         return ceil_div(block_tokens, HCA_RATIO) * HCA_RATIO
     return block_tokens
-
-
-def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float,
-          page: int = PAGE_TOKENS) -> dict:
-    """Default ``every_n`` and checkpoint sets per chain unit of `page` tokens (see the module
-    docstring, "Tuning"); a layout without snapshots needs neither."""
-    if layout_name != "v4-mini":
-        return {"every_n": 0, "checkpoints_per_chain": 0.0}
-    mean_tokens = max(mean_tokens, page)
-    dense = capacity_blocks * PAGE_TOKENS >= DENSE_REQUESTS * mean_tokens
-    every_n = ceil_div(DENSE_EVERY_N, page) * page if dense else 0
-    per_request = RETAINED_PER_REQUEST + (mean_tokens / every_n if every_n else 0.0)
-    return {"every_n": every_n, "checkpoints_per_chain": per_request * page / mean_tokens}
 
 
 class RuntimeLayoutError(ValueError):
@@ -97,84 +71,19 @@ def runtime_layout(name: str, page_tokens: int = PAGE_TOKENS, vocab: int = DEFAU
     raise RuntimeLayoutError(name)
 
 
-class PoolSizing(NamedTuple):
-    sizes: dict               # (kind, group) -> num_blocks
-    block_nbytes: dict        # (kind, group) -> bytes per block
-    unit: int                 # chain bytes of one page (one block in each chain pool)
-    ckpt_bytes: int           # bytes of one checkpoint's exact objects at a block boundary
-    budget_bytes: int         # capacity_blocks x chain bytes per 512 tokens
-    floor_bytes: int          # working objects of the longest request
-    bytes: int                # what the sizes hold (> budget only when the floor is)
-    chain_units: int          # chain blocks per chain pool beyond the floor
-    checkpoints: int          # checkpoint sets beyond the floor
-
-
-def working_floor(rlayout, max_tokens: int, chunk_tokens: int, every_n: int) -> dict:
-    """Blocks per pool one running request may hold at once (prefill in chunks): its whole
-    chain (pinned) plus an open block, one chunk's window pages plus the pages restored at H,
-    the working tails, and the exact objects of one allocation's checkpoints plus the
-    provisional end of the previous chunk."""
-    points = (chunk_tokens // every_n + 1 if every_n else 0) + 4
-    need = {pk: 0 for pk in rlayout.pool_keys()}
-    for g in rlayout.groups:
-        for kind in g.kinds:
-            pk = (kind, g.name)
-            if kind in ("comp", "idx"):
-                need[pk] += ceil_div(max_tokens, g.block_size) + 1
-            if kind == "swa":
-                need[pk] += ceil_div(chunk_tokens, g.window) + 2
-            if kind in ("tail", "idx"):
-                need[pk] += 1
-    for spec in rlayout.exact_at(max(g.block_size for g in rlayout.groups)):
-        need[(spec.kind, spec.group)] += points
-    return need
-
-
-def runtime_pool_sizes(rlayout, capacity_blocks: int, max_tokens: int,
-                       chunk_tokens: int = CHUNK_TOKENS, every_n: int = 0,
-                       snapshot_fraction: float | None = None,
-                       checkpoints_per_chain: float = 0.0) -> PoolSizing:
-    """Per-pool sizes from the byte budget (see the module docstring): after the working
-    floor, ``snapshot_fraction`` of the rest for checkpoint sets when given, else as many sets
-    as ``checkpoints_per_chain`` x the chain units."""
-    nb = {pk: rlayout.block_nbytes(*pk) for pk in rlayout.pool_keys()}
-    chain = rlayout.chain_pools()
-    unit = sum(nb[pk] for pk in chain)
-    boundary = max(g.block_size for g in rlayout.groups)
-    exact = [(s.kind, s.group) for s in rlayout.exact_at(boundary)]
-    ckpt_bytes = sum(nb[pk] for pk in exact)
-    budget = capacity_blocks * unit * PAGE_TOKENS // boundary    # chain bytes scale with tokens
-    floor = working_floor(rlayout, max_tokens, chunk_tokens, every_n)
-    floor_bytes = sum(floor[pk] * nb[pk] for pk in floor)
-    rest = max(0, budget - floor_bytes)
-    if not ckpt_bytes:
-        n_ckpt = 0
-    elif snapshot_fraction is not None:
-        n_ckpt = int(snapshot_fraction * rest) // ckpt_bytes
-    else:
-        n_ckpt = int(checkpoints_per_chain * rest / (unit + checkpoints_per_chain * ckpt_bytes))
-    n_chain = (rest - n_ckpt * ckpt_bytes) // unit
-    sizes = dict(floor)
-    for pk in chain:
-        sizes[pk] += n_chain
-    for pk in exact:
-        sizes[pk] += n_ckpt
-    sizes = {pk: max(1, n) for pk, n in sizes.items()}
-    return PoolSizing(sizes, nb, unit, ckpt_bytes, budget, floor_bytes,
-                      sum(sizes[pk] * nb[pk] for pk in sizes), n_chain, n_ckpt)
-
-
 class RuntimeManager:
     """Contract: ``prepare(trace, req)`` -> the prompt's token ids (untimed), then
     ``serve(trace, req, tokens) -> Served`` with hit tokens = the HitPlan's reuse_tokens (0
-    when an allocation was refused); ``ops`` counts the manager calls made."""
+    when an allocation was refused); ``ops`` counts the manager calls made.  ``arena``: True
+    one block arena, False fixed pools, None the arena where its pages pad nothing (module
+    docstring, "Memory")."""
 
     def __init__(self, layout_name: str, capacity_blocks: int, max_tokens: int,
                  mean_tokens: float | None = None, every_n: int | None = None,
                  snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
                  vocab: int = DEFAULT_VOCAB, hints: bool = True, checked: bool = False,
-                 block_tokens: int = PAGE_TOKENS):
+                 block_tokens: int = PAGE_TOKENS, arena: bool | None = None):
         self.page_tokens = page_tokens(layout_name, block_tokens)
         defaults = tuned(layout_name, capacity_blocks,
                          max_tokens if mean_tokens is None else mean_tokens, self.page_tokens)
@@ -183,15 +92,28 @@ class RuntimeManager:
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         self.hints = hints
         self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab)
+        paged = arena_layout(self.rlayout)
+        if arena is None:                     # the arena where its pages pad nothing
+            arena = not any(paged.page_padding().values())
         self.chunk_tokens = chunk_tokens
-        self.snapshot_fraction = snapshot_fraction
-        self.checkpoints_per_chain = defaults["checkpoints_per_chain"]
-        self.sizing = runtime_pool_sizes(self.rlayout, capacity_blocks, max_tokens,
-                                         chunk_tokens, every_n, snapshot_fraction,
-                                         defaults["checkpoints_per_chain"])
-        self.mgr = CacheManager(self.rlayout, num_blocks=self.sizing.sizes, device="meta",
-                                every_n=every_n, policy_factory=policy_factory,
-                                checked=checked)
+        if arena and snapshot_fraction is not None:
+            raise ValueError("snapshot_fraction sizes the fixed split: it needs arena=False "
+                             "(--memory fixed)")
+        self.uses_arena = arena
+        self.snapshot_fraction = None if arena else snapshot_fraction
+        self.checkpoints_per_chain = None if arena else defaults["checkpoints_per_chain"]
+        if arena:
+            budget = byte_budget(self.rlayout, capacity_blocks)
+            self.rlayout = paged
+            self.sizing = arena_sizing(self.rlayout, budget, max_tokens, chunk_tokens, every_n)
+            memory = {"num_pages": self.sizing.num_pages}
+        else:
+            self.sizing = runtime_pool_sizes(self.rlayout, capacity_blocks, max_tokens,
+                                             chunk_tokens, every_n, snapshot_fraction,
+                                             defaults["checkpoints_per_chain"])
+            memory = {"num_blocks": self.sizing.sizes}
+        self.mgr = CacheManager(self.rlayout, **memory, device="meta", every_n=every_n,
+                                policy_factory=policy_factory, checked=checked)
         self.vocab = vocab
         self.ids = itertools.count()
         self.refused = 0
@@ -226,16 +148,14 @@ class RuntimeManager:
         return Served(hit // trace.block_size, hit, plan.group_hits)
 
     def describe(self) -> dict:
-        """What this replay ran: pools, sizing, options, refusals."""
-        sz = self.sizing
-        return {"layout": repr(self.rlayout), "device": str(self.mgr.device),
-                "page_tokens": self.page_tokens,
-                "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
-                "snapshot_fraction": self.snapshot_fraction,
-                "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,
-                "hints": self.hints, "refused": self.refused,
-                "budget_bytes": sz.budget_bytes, "bytes": sz.bytes,
-                "floor_bytes": sz.floor_bytes, "unit_bytes": sz.unit,
-                "checkpoint_bytes": sz.ckpt_bytes, "chain_units": sz.chain_units,
-                "checkpoint_sets": sz.checkpoints,
-                "num_blocks": {f"{k}/{g}": n for (k, g), n in sz.sizes.items()}}
+        """What this replay ran: the memory (arena pages or pool sizes, and in the arena the
+        pages each kind holds now and the padding waste), options, refusals."""
+        out = {"layout": repr(self.rlayout), "device": str(self.mgr.device),
+               "page_tokens": self.page_tokens,
+               "block_tokens": {g.name: g.block_size for g in self.rlayout.groups},
+               "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
+               "arena": self.mgr.stats()["arena"] if self.uses_arena else None,
+               "snapshot_fraction": self.snapshot_fraction,
+               "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,
+               "hints": self.hints, "refused": self.refused}
+        return {**out, **self.sizing.describe()}

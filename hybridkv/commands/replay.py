@@ -12,6 +12,7 @@ NAME = "replay"
 HELP = ("replay a Mooncake-format trace (or 'synthetic') through hk.CacheManager at a capacity: "
         "token hit rate, FLOPs saved, ops/s and latency for ours vs vLLM-style LRU vs Belady")
 PLOT_CAPACITIES = (1000, 10000, 100000)
+MEMORY = {"auto": None, "arena": True, "fixed": False}     # --memory -> RuntimeManager(arena=)
 
 
 def vllm_status() -> dict:
@@ -51,9 +52,14 @@ def add_arguments(p) -> None:
     p.add_argument("--every-n", type=int, default=None, metavar="TOKENS",
                    help="also checkpoint every TOKENS tokens (a multiple of 512; default: "
                         "tuned per layout and capacity, 0 = retention points only)")
+    p.add_argument("--memory", choices=MEMORY, default="auto",
+                   help="arena: one block arena whose pages every kind shares; fixed: per-pool "
+                        "sizes split from the byte budget by the mean prompt; auto (default): "
+                        "the arena where its pages pad nothing (full), else fixed (v4-mini)")
     p.add_argument("--snapshot-fraction", type=float, default=None,
-                   help="share of the byte budget (after the running request's working "
-                        "objects) for checkpoint pools (default: tuned per layout and capacity)")
+                   help="with fixed pools: share of the byte budget (after the running "
+                        "request's working objects) for checkpoint pools (default: tuned per "
+                        "layout and capacity)")
     p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS,
                    help="prefill chunk: one allocate per chunk")
     p.add_argument("--no-hints", dest="hints", action="store_false",
@@ -102,9 +108,10 @@ def reading_report(trace) -> dict:
 
 def runtime_options(args) -> dict:
     """RuntimeManager keyword arguments from the command line (None: the tuned default for the
-    layout and capacity, bench.runtime.tuned)."""
+    layout and capacity, bench.sizing.tuned)."""
     opts = {"every_n": args.every_n, "snapshot_fraction": args.snapshot_fraction,
-            "chunk_tokens": args.chunk_tokens, "hints": args.hints}
+            "chunk_tokens": args.chunk_tokens, "hints": args.hints,
+            "arena": MEMORY[args.memory]}
     if args.every_n is not None and (args.every_n < 0 or args.every_n % 512):
         raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", args.every_n)
     if args.snapshot_fraction is not None and not 0.0 <= args.snapshot_fraction < 1.0:
@@ -147,6 +154,19 @@ def _fail(args, err: Exception) -> int:
     return 2
 
 
+def _memory_text(rt: dict) -> str:
+    """One line: the arena's pages (held per kind at the end, padding waste) or the pools."""
+    arena = rt["arena"]
+    if arena is None:
+        split = (f"snapshot fraction {rt['snapshot_fraction']}"
+                 if rt["snapshot_fraction"] is not None
+                 else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
+        return f"fixed pools ({split}) {rt['num_blocks']}"
+    return (f"arena {arena['pages']} pages of {arena['page_bytes']} B, padding waste "
+            f"{arena['padding_waste']['held']:.1%} of the held pages; pages held at the end "
+            f"{arena['used']}")
+
+
 def _text(r: dict) -> str:
     rt = r["runtime"]
     lines = [(f"trace {r['trace']} ({r['requests']} requests, {r['block_tokens']}-token blocks)"
@@ -170,12 +190,11 @@ def _text(r: dict) -> str:
                  "tokens)")
     lines.append("lru counts hits as an engine uses them (whole blocks, last token computed), "
                  "like ours; lru-blk (lru_trace_blocks) and belady count every cached trace block")
-    split = (f"snapshot fraction {rt['snapshot_fraction']}" if rt["snapshot_fraction"] is not None
-             else f"{rt['checkpoints_per_chain']:.3f} checkpoint sets per chain unit")
-    lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}), every_n "
-                 f"{rt['every_n']}, {split}, chunk {rt['chunk_tokens']}, refused "
-                 f"{rt['refused']}, request hints {'on' if rt['hints'] else 'off'}")
-    lines.append(f"pools {rt['num_blocks']}")
+    lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}, blocks of "
+                 f"{rt['block_tokens']} tokens), every_n {rt['every_n']}, chunk "
+                 f"{rt['chunk_tokens']}, refused {rt['refused']}, request hints "
+                 f"{'on' if rt['hints'] else 'off'}")
+    lines.append(_memory_text(rt))
     lines.append(f"per-group hit tokens (ours) {r['ours']['group_hit_tokens']}")
     lines.append(f"vLLM baseline: skipped: {r.get('vllm', {}).get('skipped', '')}")
     return "\n".join(lines)

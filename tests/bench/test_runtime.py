@@ -7,8 +7,8 @@ import pytest
 
 from hybridkv.bench.layouts import FULL
 from hybridkv.bench.replay import compare, replay
-from hybridkv.bench.runtime import (RuntimeLayoutError, RuntimeManager, runtime_layout,
-                                    runtime_pool_sizes, working_floor)
+from hybridkv.bench.runtime import RuntimeLayoutError, RuntimeManager, runtime_layout
+from hybridkv.bench.sizing import runtime_pool_sizes, working_floor
 from hybridkv.bench.traces import Request, Trace, synthetic_trace
 from hybridkv.commands import replay as replay_cmd
 
@@ -24,27 +24,51 @@ def _trace(rows, block=512):
 THREE = [(1100, (0, 1, 2)), (1300, (0, 1, 3)), (1100, (0, 1, 2))]
 
 
+@pytest.mark.parametrize("arena", [True, False])
 @pytest.mark.parametrize("layout", ["full", "v4-mini"])
-def test_exact_hits_on_a_known_trace(layout):
+def test_exact_hits_on_a_known_trace(layout, arena):
     tr = _trace(THREE)
-    m = RuntimeManager(layout, 100, 1300, checked=True)
+    m = RuntimeManager(layout, 100, 1300, checked=True, arena=arena)
     got = [m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests]
     assert got == [0, 1024, 1024]
     m.mgr.check_invariants()
     assert m.refused == 0 and m.ops > 3 * len(tr)
 
 
-@pytest.mark.parametrize("layout, cap", [("full", 50), ("v4-mini", 150)])
-def test_checked_replay_under_pressure_keeps_the_invariants(layout, cap):
-    """Every spec invariant after every manager call (checked mode), with request hints,
-    while a small cache evicts; nothing refused."""
+@pytest.mark.parametrize("layout, cap, arena", [("full", 50, None), ("v4-mini", 150, False),
+                                               ("v4-mini", 300, True)])
+def test_checked_replay_under_pressure_keeps_the_invariants(layout, cap, arena):
+    """Every spec invariant after every manager call (checked mode; the arena's page routing
+    too), with request hints, while a small cache evicts; nothing refused."""
     tr = synthetic_trace(30, seed=4, active=6)
     lengths = [r.input_length for r in tr.requests]
     m = RuntimeManager(layout, cap, max(lengths), sum(lengths) / len(lengths),
-                       checked=True)
+                       checked=True, arena=arena)
     hits = sum(m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests)
     m.mgr.check_invariants()
     assert hits > 0 and m.refused == 0 and sum(m.mgr.metrics.evictions.values()) > 0
+
+
+def test_arena_pages_move_between_kinds():
+    """v4-mini on one arena: long prompts first (their chain blocks fill the pages), then short
+    ones (a checkpoint's exact objects per request, hardly any chain): each kind's peak pages
+    add up to more than the arena holds, so pages went from chain pools to snapshot pools --
+    no fixed split allows that.  Every pool evicts through its own policy meanwhile."""
+    ids = iter(range(10**6))
+    rows = [(8292, tuple(next(ids) for _ in range(17))) for _ in range(12)]
+    rows += [(700, (next(ids), next(ids))) for _ in range(40)]
+    tr = _trace(rows)
+    m = RuntimeManager("v4-mini", 400, 8292, arena=True, checked=True)
+    peak = {}
+    for r in tr.requests:
+        m.serve(tr, r, m.prepare(tr, r))
+        for kind, pages in m.mgr.stats()["arena"]["used"].items():
+            peak[kind] = max(peak.get(kind, 0), pages)
+    m.mgr.check_invariants()
+    pages = m.describe()["num_pages"]
+    assert sum(peak.values()) > pages, (peak, pages)
+    assert peak["comp/csa"] > 2 * m.mgr.stats()["arena"]["used"]["comp/csa"]
+    assert m.refused == 0 and {"comp", "idx", "swa", "tail"} <= set(m.mgr.metrics.evictions)
 
 
 def test_hints_off_still_hits():
@@ -85,7 +109,7 @@ def test_small_trace_blocks_page_at_the_trace_block(block):
     assert r["runtime"]["page_tokens"] == block and r["runtime"]["refused"] == 0
     at_512 = RuntimeManager("full", 10_000, max(q.input_length for q in tr.requests)).sizing
     assert r["runtime"]["budget_bytes"] == at_512.budget_bytes
-    assert r["runtime"]["num_blocks"]["comp/full"] == at_512.sizes[("comp", "full")] * 512 // block
+    assert r["runtime"]["num_pages"] == at_512.num_pages * 512 // block
 
 
 def test_ours_beats_lru_where_lru_keeps_dead_blocks():
@@ -208,11 +232,25 @@ def test_cli_plot_sweep(tmp_path, capsys):
     assert all(p["refused"] == 0 and p["ours"] >= p["lru"] for p in out["sweep"])
 
 
+def test_cli_memory_arena_or_fixed_pools(capsys):
+    """--memory: the arena's pages and padding waste, or the fixed pools, in the text; auto is
+    the fixed split on v4-mini (its arena pages pad) and the arena on full."""
+    argv = ["synthetic", "--synthetic-requests", "20", "--layout", "v4-mini",
+            "--capacity-blocks", "300", "--no-progress"]
+    assert _main(argv + ["--memory", "arena"]) == 0
+    out = capsys.readouterr().out
+    assert "arena " in out and "padding waste" in out and "{'swa': 512, 'csa': 1024" in out
+    assert _main(argv) == 0 and "fixed pools (" in capsys.readouterr().out
+    assert _main(argv + ["--layout", "full", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"]["arena"]["padding_waste"]["held"] == 0
+
+
 @pytest.mark.parametrize("argv, err", [
     (["nowhere.jsonl"], "TraceFormatError"),
     (["synthetic", "--capacity-blocks", "-3"], "CapacityError"),
     (["synthetic", "--every-n", "100"], "ReplayArgumentError"),
     (["synthetic", "--snapshot-fraction", "1.5"], "ReplayArgumentError"),
+    (["synthetic", "--memory", "arena", "--snapshot-fraction", "0.2"], "fixed split"),
     (["synthetic", "--block-tokens", "0"], "TraceFormatError"),
 ])
 def test_cli_bad_input_exit_2(argv, err, capsys):

@@ -5,4 +5,5 @@ from hybridkv.cache.manager import CacheManager
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import Allocation, CheckedTokens, GroupTables
 
-__all__ = ["Allocation", "CacheManager", "CheckedTokens", "GroupTables", "HitPlan", "ObjRef", "Read", "Rejection"]
+__all__ = ["Allocation", "CacheManager", "CheckedTokens",
+           "GroupTables", "HitPlan", "ObjRef", "Read", "Rejection"]

@@ -75,8 +75,7 @@ class Evictor:
             return
         for pk, group in _by_pool(reads).items():
             pool, policy = self.pools[pk], self.policies[pk]
-            admitted, cached, eligible = self.admitted[pk], self.cached[pk], self.eligible[pk]
-            ents, recs = index.entries[pk], pool.recs
+            admitted, ents, recs = self.admitted[pk], index.entries[pk], pool.recs
             tag = "/".join([pk[0], *(t for t in tags if t)])
             nbytes, n_layers = pool.block_nbytes, pool.n_layers
             bulk = not getattr(policy, "admit_uses_seq", True)   # admissions first, at once
@@ -255,8 +254,8 @@ class Evictor:
         run (Pool.fire_run).  Any other block, or ``runs`` off, goes through ``drop`` one by
         one."""
         pool, ents, admitted = self.pools[pk], self.index.entries[pk], self.admitted[pk]
-        if len(blocks) < 2 or not self.runs or any(b in ents or b in admitted or pool.recs[b].st == STALE
-                                  for b in blocks):
+        if len(blocks) < 2 or not self.runs or any(
+                b in ents or b in admitted or pool.recs[b].st == STALE for b in blocks):
             for b in blocks:
                 self.drop(_ref(pk, b), event)
             return

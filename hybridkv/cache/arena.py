@@ -18,9 +18,9 @@ keeps ``num_pages`` spec records).
 
 What moves between kinds is capacity: admission counts total pages against free pages plus
 every pool's takeable cached blocks; when pages are short the arena picks the pool that gives
-one back (``giver``: the victim cheapest to recompute per page, dead ones first) and that pool
-evicts its own victim through its own path (``Evictor.make_room``: its own policy, the disk
-spill on eviction).  Never one global order across kinds.
+one back (the giver, ``ranked``'s first: the victim cheapest to recompute per page, dead
+ones first) and that pool evicts its own victim through its own path (``Evictor.make_room``:
+its own policy, the disk spill on eviction).  Never one global order across kinds.
 
 Blocks of several pages (``block_pages``: pool key -> k): an engine that keeps the bytes itself
 with one id per page-sized unit (vLLM: one KV block id per block_size tokens, while a window
@@ -231,19 +231,14 @@ class Arena:
             out.append(((saved, -self.pages_held[pk], place), pk))
         return sorted(out)
 
-    def giver(self, pools, evictor):
-        """The pool that gives a page back next (``ranked``'s first), None when no pool has a
-        victim."""
-        ranked = self.ranked(pools, evictor)
-        return ranked[0][1] if ranked else None
-
     def make_room(self, num_pages, pools, evictor):
-        """Until ``num_pages`` pages are free: the ``giver`` pool evicts its victim through its
-        own path (Evictor.evict_run: its policy, the disk spill on eviction).  Where it is the
-        only pool with a victim, with the ancestors that victim leaves as the next victims,
-        as one run, while dropping each leaves nothing dead in another pool (which would give
-        that pool a victim, of cost 0): the pages go as one giver choice per page would give
-        them.  Admission counted only takeable blocks, so this does not run short."""
+        """Until ``num_pages`` pages are free: the giver (``ranked``'s first) evicts its victim,
+        through its own path (Evictor.evict_run: its policy, the disk spill on eviction).
+        Where it is the only pool with a victim, with the ancestors that victim leaves as the
+        next victims, as one run, while dropping each leaves nothing dead in another pool
+        (which would give that pool a victim, of cost 0): the pages go as one giver choice per
+        page would give them.  Admission counted only takeable blocks, so this does not run
+        short."""
         index = evictor.index
         while self.n_free < num_pages:
             ranked = self.ranked(pools, evictor)

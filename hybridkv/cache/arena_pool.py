@@ -99,7 +99,7 @@ class ArenaPool(Pool):
         bad, arena = super().check_blocks(blocks), self.arena
         for b in blocks:
             page = self.phys[b]
-            if self.recs[b].st == FREE:
+            if self.recs.state(b) == FREE:
                 if page != NO_PAGE:
                     bad.append(("page-of-free-block", b, page))
             elif page == NO_PAGE or arena.owner_of(page) != (*self.key, b):

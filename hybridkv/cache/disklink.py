@@ -279,7 +279,7 @@ class DiskLink:
         pool.fire(b, "load_start")                      # preallocated: address fixed
         content = self.content(r.kind, r.group, r.at)
         staging = torch.empty(pool.staged_nbytes, dtype=torch.uint8)
-        valid = lambda p=pool, b=b: p.recs[b].st == LOADING      # noqa: E731
+        valid = lambda p=pool, b=b: p.recs.state(b) == LOADING      # noqa: E731
         try:
             h = self.tier.load_async(key, staging, self.meta(r.kind, r.group, content), valid)
         except (DiskError, OSError):
@@ -393,7 +393,7 @@ class DiskLink:
         every load targets a LOADING block."""
         targets = collections.Counter(ld.ref for ld in self.loads.values())
         for key, ld in self.loads.items():
-            if self.mgr.pools[(ld.ref.kind, ld.ref.group)].recs[ld.ref.block].st != LOADING:
+            if self.mgr.pools[(ld.ref.kind, ld.ref.group)].recs.state(ld.ref.block) != LOADING:
                 raise InvariantViolation("load_target", (key, ld.ref))
         for (kind, g), pool in self.mgr.pools.items():
             for b, rec in enumerate(pool.recs):

@@ -69,22 +69,24 @@ class Evictor:
         clock, index = self.clock, self.index
         if not self.runs:
             for r in reads:
-                if index.published(*r.ref) and self.pools[r.ref[:2]].recs[r.ref.block].st \
+                if index.published(*r.ref) and self.pools[r.ref[:2]].recs.state(r.ref.block) \
                         != PINNED:
                     self.admit(r.ref, r.at, r.exact, tags)
             return
         for pk, group in _by_pool(reads).items():
             pool, policy = self.pools[pk], self.policies[pk]
-            admitted, ents, recs = self.admitted[pk], index.entries[pk], pool.recs
+            admitted, ents = self.admitted[pk], index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             nbytes, n_layers = pool.block_nbytes, pool.n_layers
             bulk = not getattr(policy, "admit_uses_seq", True)   # admissions first, at once
-            changed, metas = [], []
-            for r in group:
+            changed, metas, states = [], [], []
+            sts = pool.recs.column([r.ref.block for r in group], "st").tolist()
+            for r, st in zip(group, sts):
                 b = r.ref.block
                 e = ents.get(b)
-                if e is None or recs[b].st == PINNED:
+                if e is None or st == PINNED:
                     continue
+                states.append(st)
                 if b not in admitted:
                     admitted.add(b)
                     meta = EntryMeta(b, "checkpoint" if r.exact else "block", nbytes,
@@ -94,12 +96,12 @@ class Evictor:
                     else:
                         policy.admit(meta, clock)
                 if not bulk:
-                    self._place(pk, b, e, recs[b].st)
+                    self._place(pk, b, e, st)
                 changed.append(b)
             if bulk:
                 policy.admit_run(metas, clock)
-                for b in changed:
-                    self._place(pk, b, ents[b], recs[b].st)
+                for b, st in zip(changed, states):
+                    self._place(pk, b, ents[b], st)
             self.liveness.settle_chain(pk, changed)
 
     def _place(self, pk, b, e, st):
@@ -143,7 +145,7 @@ class Evictor:
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
         pk, b = (ref.kind, ref.group), ref.block
         pool = self.pools[pk]
-        cached = b in self.admitted[pk] and pool.recs[b].st in CACHED_STATES
+        cached = b in self.admitted[pk] and pool.recs.state(b) in CACHED_STATES
         (self.cached[pk].add if cached else self.cached[pk].discard)(b)
         leaf = cached and self.index.children(ref) == 0
         if leaf and b not in self.eligible[pk]:
@@ -255,7 +257,7 @@ class Evictor:
         one."""
         pool, ents, admitted = self.pools[pk], self.index.entries[pk], self.admitted[pk]
         if len(blocks) < 2 or not self.runs or any(
-                b in ents or b in admitted or pool.recs[b].st == STALE for b in blocks):
+                b in ents or b in admitted or pool.recs.state(b) == STALE for b in blocks):
             for b in blocks:
                 self.drop(_ref(pk, b), event)
             return
@@ -353,8 +355,8 @@ class Evictor:
         bad = []
         for pk, pool in self.pools.items():
             for b in self.cached[pk]:
-                if b not in self.admitted[pk] or pool.recs[b].st not in CACHED_STATES:
-                    bad.append(("cached", pk, b, pool.recs[b].st))
+                if b not in self.admitted[pk] or pool.recs.state(b) not in CACHED_STATES:
+                    bad.append(("cached", pk, b, pool.recs.state(b)))
             for b in self.eligible[pk]:
                 if b not in self.cached[pk] or self.index.children(_ref(pk, b)):
                     bad.append(("eligible", pk, b))
@@ -381,7 +383,7 @@ def _by_pool(reads):
 
 def _event(pool, b, event="evict"):
     """The event that takes block b back: ``event``, but a stale indexer block is dropped."""
-    return "drop_stale" if pool.recs[b].st == STALE else event
+    return "drop_stale" if pool.recs.state(b) == STALE else event
 
 
 def _ref(pk, b):

@@ -18,7 +18,7 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk``; the longest H whose groups fail only by deferral is reported in ``disk`` /
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -186,10 +186,7 @@ def _passing_prefix(pool, cx, blocks, bs):
     stored = list(map(abi_of.__getitem__, blocks))
     abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
     ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
-    width = len(pool.rec_type._fields)
-    cols = np.fromiter(chain.from_iterable(map(pool.recs.__getitem__, blocks)), np.int64,
-                       n * width).reshape(n, width)
-    o = pool.rec_type._make(cols.T)
+    _, o = pool.recs.gather(blocks)
     at = np.arange(bs, (n + 1) * bs, bs, dtype=np.int64)
     mod = KIND_MODULE[kind]
     for _name, fn in READY_CHECKS[kind]:

@@ -346,7 +346,7 @@ class PrefixIndex:
                 m = (self.exact if e.exact else self.chain)[pk]
                 if m.get(e.key) != b:
                     bad.append(("key-map", pk, b))
-                if pools[pk].recs[b].st == 0:
+                if pools[pk].recs.state(b) == 0:
                     bad.append(("free-published", pk, b))
                 if e.parent is not None:
                     kids.setdefault((pk, e.parent.block), set()).add(b)

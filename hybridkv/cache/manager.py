@@ -529,7 +529,7 @@ class CacheManager:
             return
         if rec.st == READY and pool.target(b, "mark_stale") is not None:
             pool.fire(b, "mark_stale")
-        if pool.recs[b].st == STALE and pool.target(b, "drop_stale") is not None:
+        if pool.recs.state(b) == STALE and pool.target(b, "drop_stale") is not None:
             self.evictor.drop(ObjRef("idx", g, b), "drop_stale")
 
     @locked
@@ -572,9 +572,9 @@ class CacheManager:
             below += self.index.children_of(ObjRef(kind, group, b))
         for b in order:
             if b not in self.evictor.cached[pk] or (
-                    pool.recs[b].st != STALE and pool.target(b, "evict") is None):
+                    pool.recs.state(b) != STALE and pool.target(b, "evict") is None):
                 raise Refused("only a cached block can be evicted",
-                              (kind, group, b, STATE_NAMES[pool.recs[b].st]))
+                              (kind, group, b, STATE_NAMES[pool.recs.state(b)]))
         for b in reversed(order):
             self.evictor.drop(ObjRef(kind, group, b))
             self.metrics.evicted(kind)

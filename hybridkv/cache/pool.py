@@ -9,17 +9,18 @@ layer into the spare slot, so its address changes, and fires the spec's ``reloca
 
 Every state change of a block goes through ``fire``: the compiled table of the kind's machine
 (hybridkv.cache.tables) with the spec's guard functions, then the spec's effect function on
-the block's own spec record (CompRec / TailRec / SwaRec / IdxRec).  In checked mode a real
-python-statemachine instance shadows each block (CheckedMachine).  ``fire_run`` is ``fire`` for
-a run of blocks changing state together (a prefill's chain blocks, a free's reads): the table's
-guards and the effect are called once over the run's records as numpy columns.
+the block's own spec record (CompRec / TailRec / SwaRec / IdxRec), one row of the pool's record
+columns (hybridkv.cache.records).  In checked mode a real python-statemachine instance shadows
+each block (CheckedMachine).  ``fire_run`` is ``fire`` for a run of blocks changing state
+together (a prefill's chain blocks, a free's reads): one gather of the run's rows, the table's
+guards and the effect called once over them as columns, one scatter back.
 """
-from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from hybridkv.cache.records import RecordColumns
 from hybridkv.cache.storage import storage
 from hybridkv.cache.tables import CheckedMachine, TransitionRefused, table_for
 from hybridkv.errors import BadArgument
@@ -31,7 +32,7 @@ from spec.state import KINDS, MACHINES, RECS
 
 REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
-RUN_MIN = 48      # shorter runs go block by block: numpy's fixed cost (~150 us a run) wins below
+RUN_MIN = 48      # shorter runs go block by block: numpy's fixed cost (~100 us a run) wins below
 
 
 class ObjRef(NamedTuple):
@@ -61,7 +62,7 @@ class Pool:
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks
-        self.recs = [self.rec_type() for _ in range(num_blocks)]
+        self.recs = RecordColumns(self.rec_type, num_blocks)
         self.free = list(range(num_blocks - 1, -1, -1))   # stack; stale entries skipped
         self.is_free = bytearray(b"\x01") * num_blocks
         self.n_free, self.n_writing = num_blocks, 0
@@ -151,10 +152,12 @@ class Pool:
     def accepted(self, blocks, event):
         """How many of ``blocks``, from the first, the table lets ``event`` fire on (each from
         its own record): the run ``fire_run`` then fires without a refusal."""
-        recs, cx, target = self.recs, self.ctx, self.table.target
+        if len(blocks) >= self.run_min:
+            _, o = self.recs.gather(blocks)
+            refused = self.table.target_many(o.st, event, o, self.ctx) < 0
+            return int(np.argmax(refused)) if refused.any() else len(blocks)
         for i, b in enumerate(blocks):
-            rec = recs[b]
-            if target(rec.st, event, rec, cx) is None:
+            if self.target(b, event) is None:
                 return i
         return len(blocks)
 
@@ -171,35 +174,32 @@ class Pool:
 
     def fire_run(self, blocks, event, *args):
         """``fire`` on each of ``blocks`` in order (``args``: scalars, or lists of one value per
-        block).  A run of ``run_min`` or more distinct blocks goes through the table once, each
-        guard and the effect called once over the records as numpy columns; a refused block
-        raises TransitionRefused and changes nothing.  Checked mode shadows every block."""
+        block); the new records are in ``recs`` (read them with ``recs.column``).  A run of
+        ``run_min`` or more distinct blocks is one gather of their rows, each guard and the
+        effect called once over the columns, one scatter; a refused block raises
+        TransitionRefused and changes nothing.  Checked mode shadows every block."""
         n = len(blocks)
         if n < self.run_min or len(set(blocks)) != n:
-            return [self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
-                    for i, b in enumerate(blocks)]
-        recs, cx = self.recs, self.ctx
-        olds = [recs[b] for b in blocks]
-        width = len(self.rec_type._fields)
-        cols = np.fromiter(chain.from_iterable(olds), np.int64, n * width).reshape(n, width)
-        o = self.rec_type._make(cols.T)
-        tgts = self.table.target_many(cols[:, 0], event, o, cx)
+            for i, b in enumerate(blocks):
+                self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
+            return
+        cx = self.ctx
+        idx, o = self.recs.gather(blocks)
+        tgts = self.table.target_many(o.st, event, o, cx)
         if (tgts < 0).any():
-            st = olds[int(np.argmax(tgts < 0))].st
+            st = int(o.st[int(np.argmax(tgts < 0))])
             raise TransitionRefused(self.table.name, self.table.states.get(st, st), event)
         col_args = [np.asarray(a) if isinstance(a, list) else a for a in args]
         new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
-        news = list(map(tuple.__new__, repeat(self.rec_type),
-                        zip(*[np.broadcast_to(f, (n,)).tolist() for f in new])))
-        self._landed_run(blocks, event, olds, news, cols[:, 0], tgts)
-        return news
+        self.recs.scatter(idx, new)
+        self._landed_run(blocks, event, o, new)
 
     def _landed(self, b, event, old, new):
         """Block b went from ``old`` to ``new`` by ``event``: shadow, free lists, metrics."""
         if self.shadows is not None:
             self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
             self.touched.add(b)
-        self.recs[b] = new
+        self.recs.put(b, new)
         if old.st != new.st:
             self._moved(b, old.st, new.st)
         if self.on_transition is not None:
@@ -208,25 +208,25 @@ class Pool:
             self.watch.discard(b)
             self.on_ready(b)
 
-    def _landed_run(self, blocks, event, olds, news, old_sts, new_sts):
-        """``_landed`` of a run, ``old_sts`` / ``new_sts`` its states as numpy columns: the
-        bookkeeping per distinct (from, to) pair of states, not per block."""
+    def _landed_run(self, blocks, event, olds, news):
+        """``_landed`` of a run whose rows are written already, ``olds`` / ``news`` its records
+        as columns: the bookkeeping per distinct (from, to) pair of states, not per block."""
         if self.shadows is not None:
-            for b, old, new in zip(blocks, olds, news):
-                self.shadows[b].follow(old.st, event, old, self.ctx, new.st)
+            n, cx, make = len(blocks), self.ctx, self.rec_type._make
+            old_rows = zip(*olds)
+            new_rows = zip(*(np.broadcast_to(f, (n,)).tolist() for f in news))
+            for b, old, new in zip(blocks, old_rows, new_rows):
+                old, new = make(map(int, old)), make(new)
+                self.shadows[b].follow(old.st, event, old, cx, new.st)
             self.touched.update(blocks)
-        recs = self.recs
-        for b, rec in zip(blocks, news):
-            recs[b] = rec
-        pairs = old_sts * 8 + new_sts
+        pairs = olds.st * 8 + news.st
         first = int(pairs[0])
         kinds = [first] if (pairs == first).all() else np.unique(pairs).tolist()
         for pair in kinds:
             a, z = divmod(pair, 8)
             members = blocks if len(kinds) == 1 else np.asarray(blocks)[pairs == pair].tolist()
             if a != z:
-                for b in members:
-                    self._moved(b, a, z)
+                self._moved_run(members, a, z)
             if self.on_transition is not None:
                 self.on_transition(self.kind, a, z, len(members))
             if z == READY and self.watch:
@@ -248,6 +248,14 @@ class Pool:
             self.n_free += 1
             self.free.append(b)
             self.abi_of[b] = self.abi
+
+    def _moved_run(self, blocks, old, new):
+        """``_moved`` of each of ``blocks``, all from state ``old`` to ``new``."""
+        if old == FREE or new == FREE:
+            for b in blocks:
+                self._moved(b, old, new)
+            return
+        self.n_writing += ((new == WRITING) - (old == WRITING)) * len(blocks)
 
     def alloc(self):
         """A FREE block id (still FREE until its first event), or None."""
@@ -272,13 +280,14 @@ class Pool:
 
     def write(self, b, p, draft=0):
         """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
-        return self.write_run([b], [p], draft)[0]
+        self.abi_of[b] = self.abi
+        return self.fire(b, "draft" if draft else "write", p, draft)
 
     def write_run(self, blocks, positions, draft=0):
         """``write`` of each block at its position, as one run (``fire_run``)."""
         for b in blocks:
             self.abi_of[b] = self.abi
-        return self.fire_run(blocks, "draft" if draft else "write", list(positions), draft)
+        self.fire_run(blocks, "draft" if draft else "write", list(positions), draft)
 
     def touch(self, b):
         """Checked mode: block b's bookkeeping (index, policy) changed without an event."""
@@ -309,7 +318,7 @@ class Pool:
         free list, counters and checked-mode shadows from them."""
         if len(recs) != self.n or any(type(r) is not self.rec_type for r in recs):
             raise BadArgument("records do not fit this pool", (self.kind, len(recs)))
-        self.recs = list(recs)
+        self.recs.load(recs)
         self.is_free = bytearray(r.st == FREE for r in recs)
         self.free = [b for b in range(self.n - 1, -1, -1) if recs[b].st == FREE]
         self.n_free, self.n_writing = len(self.free), sum(r.st == WRITING for r in recs)
@@ -323,12 +332,13 @@ class Pool:
     def check_integrity(self):
         """Problems found (empty list = sound): free bookkeeping, counters, slots, blocks."""
         bad = []
-        free_now = [b for b in range(self.n) if self.recs[b].st == FREE]
+        sts = self.recs.cols[:, 0]
+        free_now = np.flatnonzero(sts == FREE).tolist()
         if len(free_now) != self.n_free:
             bad.append(("n_free", self.n_free, len(free_now)))
         if not set(free_now) <= set(self.free):
             bad.append(("free-list", sorted(set(free_now) - set(self.free))))
-        n_w = sum(r.st == WRITING for r in self.recs)
+        n_w = int((sts == WRITING).sum())
         if n_w != self.n_writing:
             bad.append(("n_writing", self.n_writing, n_w))
         return bad + self._check_slots() + self.check_blocks(range(self.n))

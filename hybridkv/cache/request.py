@@ -39,9 +39,9 @@ class Owned(NamedTuple):
     def write_run(cls, pool, positions):
         """``write`` of one FREE block per position, as one run (Pool.write_run)."""
         blocks = pool.alloc_run(len(positions))
-        recs = pool.write_run(blocks, positions)
-        return [cls(ObjRef(pool.kind, pool.group, b), p, rec.ver)
-                for b, p, rec in zip(blocks, positions, recs)]
+        pool.write_run(blocks, positions)
+        return [cls(ObjRef(pool.kind, pool.group, b), p, ver)
+                for b, p, ver in zip(blocks, positions, pool.recs.column(blocks, "ver").tolist())]
 
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""

@@ -81,7 +81,7 @@ class Snapshots:
                 self._copy(pool, b, work.itail.ref.block, "tail")
                 if P % g.block_size:
                     self._copy(pool, b, req.blocks[("idx", g.name)][P // g.block_size], "keys")
-            if pool.recs[b].pub:
+            if pool.recs.value(b, "pub"):
                 pool.fire(b, "fill")
                 pool.fire(b, "seal")
             else:

@@ -350,16 +350,19 @@ class ObjectWriter:
         """Seal a pool's completed chain blocks (one run per event): fill + seal + pin."""
         pool = self.pools[(objs[0].ref.kind, objs[0].ref.group)]
         sealed = []
-        for o in objs:
-            if pool.recs[o.ref.block].pub:
+        pubs = pool.recs.column([o.ref.block for o in objs], "pub").tolist()
+        for o, pub in zip(objs, pubs):
+            if pub:
                 sealed.append(o)
             else:
                 req.private.append(o)              # another block holds its key
         blocks = [o.ref.block for o in sealed]
         pool.fire_run(blocks, "fill")
         pool.fire_run(blocks, "seal")
-        recs = pool.fire_run(blocks, "pin")        # its writer keeps reading it
-        req.reads.extend([Read(o.ref, o.at, rec.ver, rec.ep) for o, rec in zip(sealed, recs)])
+        pool.fire_run(blocks, "pin")               # its writer keeps reading it
+        vers = pool.recs.column(blocks, "ver").tolist()
+        eps = pool.recs.column(blocks, "ep").tolist()
+        req.reads.extend([Read(o.ref, o.at, v, e) for o, v, e in zip(sealed, vers, eps)])
 
     def slide(self, req, L):
         """Release window pages no later query reads (positions < L - W + 1)."""
@@ -438,6 +441,6 @@ class ObjectWriter:
             for r in reads:
                 pool = self.pools[(r.ref.kind, r.ref.group)]
                 pool.fire(r.ref.block, "unpin")
-                if pool.recs[r.ref.block].st != PINNED and self.index.published(*r.ref):
+                if pool.recs.state(r.ref.block) != PINNED and self.index.published(*r.ref):
                     self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
         req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}

@@ -242,7 +242,7 @@ class ObjectDriver:
 
     # -- graphs (I4) -----------------------------------------------------------------------------
     def _eps(self, ref):
-        return tuple(p.recs[i].ep for p, i in zip(self.pools, ref))
+        return tuple(p.recs.value(i, "ep") for p, i in zip(self.pools, ref))
 
     def capture(self, g, r):
         q = self.state.req[r]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 MAX_USES_CLASS = 3
@@ -76,12 +75,19 @@ def marconi_checkpoints(n_blocks: int, chain_blocks: int, full_blocks: int) -> t
     return tuple(out)
 
 
-@dataclass
 class _Entry:
-    meta: EntryMeta
-    uses: int = 0
-    prio: float = 0.0
-    seq: int = -1             # seq of its live heap record; -1 = not eligible
+    """One policy entry: its meta's fields, uses, priority and live heap record's seq."""
+    __slots__ = ("key", "kind", "nbytes", "flops", "tag", "uses", "prio", "seq")
+
+    def __init__(self, key, kind, nbytes, flops, tag):
+        self.key, self.kind, self.nbytes, self.flops, self.tag = key, kind, nbytes, flops, tag
+        self.uses = 0
+        self.prio = 0.0
+        self.seq = -1             # seq of its live heap record; -1 = not eligible
+
+    @property
+    def meta(self) -> EntryMeta:
+        return EntryMeta(self.key, self.kind, self.nbytes, self.flops, self.tag)
 
 
 class ValuePolicy:
@@ -109,7 +115,7 @@ class ValuePolicy:
 
     def _cls(self, e: _Entry) -> tuple:
         uses = e.uses if e.uses < MAX_USES_CLASS else MAX_USES_CLASS
-        return (e.meta.kind, e.meta.tag, uses)
+        return (e.kind, e.tag, uses)
 
     def reuse_probability(self, cls: tuple) -> float:
         if not self.learn:
@@ -118,8 +124,7 @@ class ValuePolicy:
 
     def _value(self, e: _Entry, cls: tuple | None = None) -> float:
         """Expected saving per byte; ``cls``: the entry's class when the caller has it."""
-        m = e.meta
-        per_byte = max(m.flops, 0.0) / max(m.nbytes, 1)
+        per_byte = max(e.flops, 0.0) / max(e.nbytes, 1)
         return self.reuse_probability(self._cls(e) if cls is None else cls) * \
             per_byte ** self.flops_weight
 
@@ -134,36 +139,55 @@ class ValuePolicy:
         self._entered[c] = self._entered.get(c, 0) + 1
         e.prio = self.clock + self._value(e, c) + self.recency * self._now
         if e.seq >= 0:
-            self.eligible(e.meta.key)
+            self.eligible(e.key)
 
     def admit(self, meta: EntryMeta, now: float = 0.0) -> None:
         if meta.key in self._e:
             raise PolicyError("duplicate key", meta.key)
-        e = _Entry(meta)
+        e = _Entry(meta.key, meta.kind, meta.nbytes, meta.flops, meta.tag)
         self._now = now
         self._e[meta.key] = e
         self._enter(e)
 
     def admit_run(self, metas, now: float = 0.0) -> None:
         """``admit`` of each of ``metas`` in order (new entries, none eligible yet): the same
-        entries, priorities and class counts, without a call per entry.  Subclasses whose
-        ``_enter`` differs admit one by one."""
-        if type(self)._enter is not ValuePolicy._enter or not metas:
-            for meta in metas:
-                self.admit(meta, now)
+        entries, priorities and class counts, without a call per entry (``admit_chain`` per
+        stretch of one kind, size and tag)."""
+        i = 0
+        while i < len(metas):
+            m, j = metas[i], i + 1
+            while j < len(metas) and metas[j][1:3] == m[1:3] and metas[j].tag == m.tag:
+                j += 1
+            self.admit_chain([x.key for x in metas[i:j]], m.kind, m.nbytes,
+                             [x.flops for x in metas[i:j]], m.tag, now)
+            i = j
+
+    def admit_chain(self, keys, kind, nbytes, flops, tag, now: float = 0.0) -> None:
+        """``admit(EntryMeta(key, kind, nbytes, f, tag), now)`` of each key and its FLOPs
+        ``f`` in order (new entries, none eligible yet; a chain's blocks share kind, size and
+        tag): the same entries, priorities and class counts, with no call per entry and no
+        ``EntryMeta``.  Subclasses whose ``_enter`` differs admit one by one.  A duplicate key
+        raises PolicyError before anything changes."""
+        if type(self)._enter is not ValuePolicy._enter:
+            for key, f in zip(keys, flops):
+                self.admit(EntryMeta(key, kind, nbytes, f, tag), now)
             return
+        if not keys:
+            return
+        entries, entered = self._e, self._entered
+        if len(set(keys)) != len(keys) or any(key in entries for key in keys):
+            raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
+                                                    if k in entries or k in keys[:i]))
         self._now = now
-        entries, moved, entered = self._e, self._moved, self._entered
-        clock, weight, learn = self.clock, self.flops_weight, self.learn
-        later = self.recency * now
-        for meta in metas:
-            if meta.key in entries:
-                raise PolicyError("duplicate key", meta.key)
-            e = entries[meta.key] = _Entry(meta)
-            cls = (meta.kind, meta.tag, 0)
-            n = entered[cls] = entered.get(cls, 0) + 1
-            p = (moved.get(cls, 0) + 1.0) / (n + 2.0) if learn else 1.0
-            e.prio = clock + p * (max(meta.flops, 0.0) / max(meta.nbytes, 1)) ** weight + later
+        cls = (kind, tag, 0)
+        n0, m1 = entered.get(cls, 0), self._moved.get(cls, 0) + 1.0
+        base, later = self.clock, self.recency * now
+        weight, size, learn = self.flops_weight, max(nbytes, 1), self.learn
+        for i, (key, f) in enumerate(zip(keys, flops)):
+            e = entries[key] = _Entry(key, kind, nbytes, f, tag)
+            p = m1 / (n0 + i + 3.0) if learn else 1.0
+            e.prio = base + p * (max(f, 0.0) / size) ** weight + later
+        entered[cls] = n0 + len(keys)
 
     def access(self, key, now: float = 0.0) -> None:
         e = self._get(key)
@@ -251,7 +275,7 @@ class LRUPolicy(ValuePolicy):
     def _enter(self, e: _Entry) -> None:
         e.prio = float(next(self._seq))
         if e.seq >= 0:
-            self.eligible(e.meta.key)
+            self.eligible(e.key)
 
 
 class FilteredLRUPolicy(ValuePolicy):
@@ -294,4 +318,4 @@ class FilteredLRUPolicy(ValuePolicy):
         self._n_in += 1
         e.prio = float(next(self._seq)) + (self.DEAD if self.filtered(c) else 0.0)
         if e.seq >= 0:
-            self.eligible(e.meta.key)
+            self.eligible(e.key)

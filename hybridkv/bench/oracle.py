@@ -60,10 +60,10 @@ class NextUseOracle(ValuePolicy):
         self.future = future
 
     def _enter(self, e) -> None:
-        nu = self.future.next_use(e.meta.key, self._now)
+        nu = self.future.next_use(e.key, self._now)
         e.prio = -1e18 if nu == INF else -nu
         if e.seq >= 0:
-            self.eligible(e.meta.key)
+            self.eligible(e.key)
 
 
 class HorizonOracle(ValuePolicy):
@@ -74,14 +74,14 @@ class HorizonOracle(ValuePolicy):
         self.future, self.horizon, self.unflagged = future, horizon, unflagged
 
     def _enter(self, e) -> None:
-        nu = self.future.next_use(e.meta.key, self._now)
+        nu = self.future.next_use(e.key, self._now)
         dead = nu == INF or nu - self._now > self.horizon
         if dead and self.unflagged:
-            u = zlib.crc32(repr((e.meta.key, int(self._now))).encode()) % 10000 / 10000.0
+            u = zlib.crc32(repr((e.key, int(self._now))).encode()) % 10000 / 10000.0
             dead = u >= self.unflagged
         e.prio = float(next(self._seq)) + (self.DEAD if dead else 0.0)
         if e.seq >= 0:
-            self.eligible(e.meta.key)
+            self.eligible(e.key)
 
 
 ReuseOracle = HorizonOracle

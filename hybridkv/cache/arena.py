@@ -38,7 +38,6 @@ first page (every page is as large as the largest block).
 """
 import torch
 
-from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.storage import DTYPES
 from hybridkv.errors import AdmissionRefused, BadArgument, InvariantViolation, LayoutError
 from hybridkv.layout import ITEMSIZE, slot_bytes
@@ -227,7 +226,7 @@ class Arena:
             if b is None:
                 continue
             saved = pool.recs[b][COVERED] * pool.n_layers / max(1, self.held_by(pool, b)) \
-                if evictor.index.reachable(ObjRef(pk[0], pk[1], b)) else 0
+                if evictor.index.reachable(pool.refs[b]) else 0
             out.append(((saved, -self.pages_held[pk], place), pk))
         return sorted(out)
 

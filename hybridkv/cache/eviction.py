@@ -17,7 +17,6 @@ import contextlib
 
 from hybridkv.cache.arena_pool import PageCountedSet
 from hybridkv.cache.liveness import Liveness
-from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
 from hybridkv.policy import EntryMeta
@@ -77,32 +76,64 @@ class Evictor:
             pool, policy = self.pools[pk], self.policies[pk]
             admitted, ents = self.admitted[pk], index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
-            nbytes, n_layers = pool.block_nbytes, pool.n_layers
-            bulk = not getattr(policy, "admit_uses_seq", True)   # admissions first, at once
-            changed, metas, states = [], [], []
-            sts = pool.recs.column([r.ref.block for r in group], "st").tolist()
-            for r, st in zip(group, sts):
-                b = r.ref.block
-                e = ents.get(b)
-                if e is None or st == PINNED:
-                    continue
-                states.append(st)
-                if b not in admitted:
-                    admitted.add(b)
-                    meta = EntryMeta(b, "checkpoint" if r.exact else "block", nbytes,
-                                     float(r.at * n_layers), tag)
-                    if bulk:
-                        metas.append(meta)
-                    else:
-                        policy.admit(meta, clock)
-                if not bulk:
-                    self._place(pk, b, e, st)
-                changed.append(b)
-            if bulk:
-                policy.admit_run(metas, clock)
-                for b, st in zip(changed, states):
-                    self._place(pk, b, ents[b], st)
+            blocks = [r.ref.block for r in group]
+            sts = pool.recs.column(blocks, "st").tolist()
+            keep = [i for i, (b, st) in enumerate(zip(blocks, sts))
+                    if st != PINNED and b in ents]
+            changed = [blocks[i] for i in keep]
+            if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
+                for i in keep:
+                    b, r = blocks[i], group[i]
+                    if b not in admitted:
+                        admitted.add(b)
+                        policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
+                                               pool.block_nbytes,
+                                               float(r.at * pool.n_layers), tag), clock)
+                    self._place(pk, b, ents[b], sts[i])
+            else:                                           # admissions first, at once
+                fresh = []
+                for i in keep:                              # first read of a new block
+                    if blocks[i] not in admitted:
+                        admitted.add(blocks[i])
+                        fresh.append(i)
+                self._admit_chains(pk, [group[i] for i in fresh], tag)
+                self._place_run(pk, changed, [sts[i] for i in keep])
             self.liveness.settle_chain(pk, changed)
+
+    def _admit_chains(self, pk, reads, tag):
+        """New policy entries for ``reads`` (blocks not admitted yet), in order: one
+        ``admit_chain`` per stretch of chain blocks or exact objects."""
+        pool, policy = self.pools[pk], self.policies[pk]
+        nbytes, n_layers, i = pool.block_nbytes, pool.n_layers, 0
+        while i < len(reads):
+            exact, j = reads[i].exact, i + 1
+            while j < len(reads) and reads[j].exact == exact:
+                j += 1
+            policy.admit_chain([r.ref.block for r in reads[i:j]],
+                               "checkpoint" if exact else "block", nbytes,
+                               [float(r.at * n_layers) for r in reads[i:j]], tag, self.clock)
+            i = j
+
+    def _place_run(self, pk, blocks, states):
+        """``_place`` of each of ``blocks`` (published, with its state), in order."""
+        cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
+        ents = self.index.entries[pk]
+        for b, st in zip(blocks, states):
+            if st in CACHED_STATES:
+                cached.add(b)
+                leaf = not ents[b].children
+            else:
+                cached.discard(b)
+                leaf = False
+            if leaf and b not in eligible:
+                policy.eligible(b)
+                eligible.add(b)
+            elif not leaf and b in eligible:
+                policy.ineligible(b)
+                eligible.discard(b)
+        pool = self.pools[pk]
+        if pool.shadows is not None:
+            pool.touched.update(blocks)
 
     def _place(self, pk, b, e, st):
         """Block b (index entry ``e``, state ``st``) in or out of ``cached`` and offered to
@@ -140,6 +171,10 @@ class Evictor:
         pool = self.pools[pk]
         for b in [ref.block, *blocks][:len(blocks)]:
             pool.touch(b)
+
+    def _ref(self, pk, b):
+        """Block b of pool ``pk`` as the pool's ObjRef."""
+        return self.pools[pk].refs[b]
 
     def refresh(self, ref):
         """Re-derive the block's place (after a pin, unpin, or a change of its children)."""
@@ -223,7 +258,7 @@ class Evictor:
         dead = self.dead[pk]
         while dead:
             b = next(iter(dead))
-            ref = _ref(pk, b)
+            ref = self._ref(pk, b)
             if b in self.cached[pk] and not self.index.reachable(ref):
                 return b
             del dead[b]                       # pinned again, gone, or reachable again
@@ -259,7 +294,7 @@ class Evictor:
         if len(blocks) < 2 or not self.runs or any(
                 b in ents or b in admitted or pool.recs.state(b) == STALE for b in blocks):
             for b in blocks:
-                self.drop(_ref(pk, b), event)
+                self.drop(self._ref(pk, b), event)
             return
         pool.fire_run(blocks, event)
         dead, cached, eligible = self.dead[pk], self.cached[pk], self.eligible[pk]
@@ -291,7 +326,7 @@ class Evictor:
         if len(run) > 1:
             self._drop_run(pk, run, event)
         else:
-            run = [_ref(pk, b)]
+            run = [self._ref(pk, b)]
             if self.on_evict is not None:
                 self.on_evict(run[0])
             self.drop(run[0])
@@ -334,7 +369,7 @@ class Evictor:
             for b in run:
                 key, exact = self.index.key_of(kind, group, b)
                 self.events.append(CacheEvent(False, kind, group, key, None, None, exact, None))
-        parent = self.index.parent(_ref(pk, run[-1]))
+        parent = self.index.parent(self._ref(pk, run[-1]))
         leaves, dead = self.index.unpublish_run(kind, group, run)
         self.policies[pk].remove_run(run)
         waiting, cached, eligible, admitted = (self.dead[pk], self.cached[pk],
@@ -358,7 +393,7 @@ class Evictor:
                 if b not in self.admitted[pk] or pool.recs.state(b) not in CACHED_STATES:
                     bad.append(("cached", pk, b, pool.recs.state(b)))
             for b in self.eligible[pk]:
-                if b not in self.cached[pk] or self.index.children(_ref(pk, b)):
+                if b not in self.cached[pk] or self.index.children(self._ref(pk, b)):
                     bad.append(("eligible", pk, b))
             for b in self.admitted[pk]:
                 if not self.index.published(pk[0], pk[1], b):
@@ -384,7 +419,3 @@ def _by_pool(reads):
 def _event(pool, b, event="evict"):
     """The event that takes block b back: ``event``, but a stale indexer block is dropped."""
     return "drop_stale" if pool.recs.state(b) == STALE else event
-
-
-def _ref(pk, b):
-    return ObjRef(pk[0], pk[1], b)

@@ -131,7 +131,7 @@ def check_object(pools, ctx, kind, group, b, at, exact, H, disk=None, key=None):
         return _Check(False, rejection=(3, why, f"{_rec_text(kind, rec)} for at={at}"))
     if not pool.bytes_ok(b):
         return _Check(False, rejection=(4, "bytes", f"{kind}/{group}#{b} misaligned"))
-    return _Check(True, read=Read(ObjRef(kind, group, b), at, rec.ver, rec.ep, exact))
+    return _Check(True, read=Read(pool.refs[b], at, rec.ver, rec.ep, exact))
 
 
 class _Run(NamedTuple):
@@ -193,7 +193,7 @@ def _passing_prefix(pool, cx, blocks, bs):
         ok &= fn(mod, o, at, cx)
     ok &= pool.bytes_ok_run(blocks)
     m = n if ok.all() else int(np.argmin(ok))
-    return list(map(Read, map(ObjRef, repeat(kind, m), repeat(pool.group, m), blocks[:m]),
+    return list(map(Read, map(pool.refs.__getitem__, blocks[:m]),
                     at[:m].tolist(), o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m)))
 
 

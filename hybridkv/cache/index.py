@@ -19,7 +19,6 @@ import hashlib
 from array import array
 from typing import NamedTuple
 
-from hybridkv.cache.pool import ObjRef
 
 TAG = b"hybridkv/prefix/2"
 
@@ -91,8 +90,9 @@ def extend_chain(keys, root, tokens, granule):
 class PrefixIndex:
     """Object maps per (kind, group), checkpoint records by chain key, tree relations."""
 
-    def __init__(self, layout):
+    def __init__(self, layout, refs):
         self.layout = layout
+        self.refs = refs                           # pool key -> its blocks' ObjRefs (Pool.refs)
         pks = layout.pool_keys()
         self.chain = {pk: {} for pk in pks}        # chain key -> block
         self.exact = {pk: {} for pk in pks}        # chain key at H -> block
@@ -129,7 +129,7 @@ class PrefixIndex:
         if end <= 0:
             return None
         b = self.chain[(kind, group)].get(keys[end // self.layout.granule - 1])
-        return None if b is None else ObjRef(kind, group, b)
+        return None if b is None else self.refs[(kind, group)][b]
 
     def parent_for(self, kind, group, keys, at, exact):
         """What an object of (kind, group) at ``at`` hangs from: a chain block the one ending
@@ -191,7 +191,7 @@ class PrefixIndex:
         """``publish`` of chain blocks ``blocks`` under ``keys`` (none of them taken), each the
         next one's parent, the first hanging from ``parent`` (an ObjRef or None)."""
         pk = (kind, group)
-        ents, m = self.entries[pk], self.chain[pk]
+        ents, m, refs = self.entries[pk], self.chain[pk], self.refs[pk]
         if parent is not None and parent.block not in ents:
             parent = None
         prev_ref, prev_e = parent, (None if parent is None else ents[parent.block])
@@ -200,7 +200,7 @@ class PrefixIndex:
             ents[b] = e = _Entry(key, False, prev_ref)
             if prev_e is not None:
                 prev_e.children = _added(prev_e.children, b)
-            prev_ref, prev_e = ObjRef(kind, group, b), e
+            prev_ref, prev_e = refs[b], e
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
@@ -215,10 +215,10 @@ class PrefixIndex:
         """``add_checkpoint`` at the end of each chain block ``blocks`` (just published under
         ``keys``, so no anchor check), where that block is the checkpoint's one anchor (a
         layout with one chain pool and nothing exact at block ends)."""
-        ckpts = self.ckpts
+        ckpts, refs = self.ckpts, self.refs[(kind, group)]
         for b, key, H in zip(blocks, keys, ends):
             if key not in ckpts:
-                self._record(H, key, (ObjRef(kind, group, b),))
+                self._record(H, key, (refs[b],))
 
     def _record(self, H, key, anchors):
         """File the checkpoint record and mark each anchor's entry with its key."""
@@ -328,7 +328,7 @@ class PrefixIndex:
         for pk in self.layout.exact_kinds(ck.H):
             b = self.exact[pk].get(key)
             if b is not None:
-                dead.append(ObjRef(*pk, b))
+                dead.append(self.refs[pk][b])
         for a in ck.anchors:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:

@@ -126,7 +126,7 @@ class CacheManager:
             self.pools[pk] = Pool(kind, g, sizes[pk], *shape, self.device, self.checked,
                                   self.metrics.transition) if self.arena is None else \
                 ArenaPool(kind, g, self.arena, *shape, self.checked, self.metrics.transition)
-        self.index = PrefixIndex(layout)
+        self.index = PrefixIndex(layout, {pk: pool.refs for pk, pool in self.pools.items()})
         self.evictor = Evictor(self.pools, self.index, policy_factory, self.metrics)
         self.admission = Admission(self.pools, self.evictor, cap if cap is not None else
                                    num_pages or sum(sizes.values()), self._transit, self.arena)

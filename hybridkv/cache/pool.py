@@ -41,6 +41,20 @@ class ObjRef(NamedTuple):
     block: int
 
 
+class BlockRefs(dict):
+    """block id -> the pool's one ObjRef for it, made on first use and kept: the index, the
+    requests and the evictor share it (no per-use tuple for the collector to chase)."""
+    __slots__ = ("kind", "group")
+
+    def __init__(self, kind, group):
+        super().__init__()
+        self.kind, self.group = kind, group
+
+    def __missing__(self, b):
+        ref = self[b] = ObjRef(self.kind, self.group, b)
+        return ref
+
+
 class Pool:
     pages_per_block = 1       # arena sub-pages a block spans (hybridkv.cache.arena_pool.ArenaPool)
 
@@ -59,6 +73,7 @@ class Pool:
         self._first = next(iter(self.data.values()))
         self._base = self._first.data_ptr()
         self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
+        self.refs = BlockRefs(kind, self.group)     # block -> its one ObjRef
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks

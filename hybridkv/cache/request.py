@@ -33,14 +33,15 @@ class Owned(NamedTuple):
         """A FREE block of ``pool`` written at position p (FREE -> WRITING)."""
         b = pool.alloc()
         rec = pool.write(b, p, draft)
-        return cls(ObjRef(pool.kind, pool.group, b), p, rec.ver)
+        return cls(pool.refs[b], p, rec.ver)
 
     @classmethod
     def write_run(cls, pool, positions):
         """``write`` of one FREE block per position, as one run (Pool.write_run)."""
         blocks = pool.alloc_run(len(positions))
         pool.write_run(blocks, positions)
-        return [cls(ObjRef(pool.kind, pool.group, b), p, ver)
+        refs = pool.refs
+        return [cls(refs[b], p, ver)
                 for b, p, ver in zip(blocks, positions, pool.recs.column(blocks, "ver").tolist())]
 
     def live(self, pools):

@@ -190,3 +190,33 @@ def test_admit_run_leaves_what_admit_one_by_one_leaves(specs, used, learn, recen
         {k: (e.prio, e.uses, e.seq) for k, e in one._e.items()}
     assert (run._entered, run._moved, run.clock, run._now) == \
         (one._entered, one._moved, one.clock, one._now)
+
+
+@pytest.mark.parametrize("cls", [ValuePolicy, LRUPolicy, FilteredLRUPolicy])
+def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
+    """admit_chain(keys, kind, nbytes, flops, tag): the entries (with their metas), priorities,
+    class counts and sequence numbers that admitting EntryMeta(key, kind, nbytes, f, tag) one by
+    one leaves, for ValuePolicy's batched path and the one-by-one fallback of subclasses; a
+    duplicate key (in the chain, or already admitted) is refused before anything changes."""
+    def policy():
+        p = cls()
+        p.admit(_meta("old", 5.0, 8), 1.0)
+        p.eligible("old")
+        p.access("old", 2.0)
+        return p
+    keys, flops = list(range(40)), [float(16 * i * 3) for i in range(40)]
+    one, chain = policy(), policy()
+    for k, f in zip(keys, flops):
+        one.admit(EntryMeta(k, "block", 4096, f, "comp/x"), 3.0)
+    chain.admit_chain(keys, "block", 4096, flops, "comp/x", 3.0)
+    assert {k: (e.meta, e.prio, e.uses, e.seq) for k, e in chain._e.items()} == \
+        {k: (e.meta, e.prio, e.uses, e.seq) for k, e in one._e.items()}
+    assert (chain._entered, chain._moved, chain.clock, chain._now, repr(chain._seq)) == \
+        (one._entered, one._moved, one.clock, one._now, repr(one._seq))
+    if cls is ValuePolicy:
+        before = {k: (e.prio, e.seq) for k, e in chain._e.items()}, dict(chain._entered)
+        for bad in ([100, 101, 100], [200, 5]):
+            with pytest.raises(PolicyError):
+                chain.admit_chain(bad, "block", 4096, [1.0] * len(bad), "comp/x", 4.0)
+            assert ({k: (e.prio, e.seq) for k, e in chain._e.items()},
+                    dict(chain._entered)) == before

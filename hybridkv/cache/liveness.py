@@ -26,37 +26,37 @@ class Liveness:
     def settle(self, pk, b):
         """Re-derive whether block b is blocked and live; while its liveness flips, carry the
         change to its parent (and on up)."""
-        while b is not None:
-            b = self._derive(pk, b, self.index.entries[pk].get(b))
-
-    def _derive(self, pk, b, entry):
-        """Block b's blocked and live from its cached state and live children (``entry``:
-        its index entry, None when unpublished); returns the parent whose live-children count
-        this changed (to derive next), else None."""
-        cached, has_live = b in self.cached[pk], self.below[pk].get(b, 0) > 0
-        (self.blocked[pk].add if cached and has_live else self.blocked[pk].discard)(b)
-        now = entry is not None and (not cached or has_live)
-        live = self.live[pk]
-        if now == (b in live):
-            return None
-        (live.add if now else live.discard)(b)
-        parent = entry.parent if entry is not None else None
-        if parent is None:
-            return None
-        below = self.below[pk]
-        below[parent.block] = below.get(parent.block, 0) + (1 if now else -1)
-        return parent.block
+        self.settle_chain(pk, (b,))
 
     def settle_chain(self, pk, blocks):
-        """``settle`` of each of ``blocks`` (their cached state changed), in order: where a
-        block's parent is the next one, the change is not carried up (the next block is
-        derived anyway), so a chain given deepest first is walked once."""
-        ents = self.index.entries[pk]
+        """``settle`` of each of ``blocks`` (their cached state changed), in order: a block's
+        blocked and live follow from its cached state and its live children; while its
+        liveness flips, the change goes to its parent's count and on up -- except where the
+        parent is the next block given (derived next anyway), so a chain given deepest first is
+        walked once."""
+        ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
+        blocked, live = self.blocked[pk], self.live[pk]
         n = len(blocks)
         for i, b in enumerate(blocks):
-            up = self._derive(pk, b, ents.get(b))
-            if up is not None and (i + 1 == n or blocks[i + 1] != up):
-                self.settle(pk, up)
+            nxt = blocks[i + 1] if i + 1 < n else None
+            while b is not None:
+                entry, is_cached, has_live = ents.get(b), b in cached, below.get(b, 0) > 0
+                if is_cached and has_live:
+                    blocked.add(b)
+                else:
+                    blocked.discard(b)
+                now = entry is not None and (not is_cached or has_live)
+                if now == (b in live):
+                    break
+                if now:
+                    live.add(b)
+                else:
+                    live.discard(b)
+                if entry is None or entry.parent is None:
+                    break
+                up = entry.parent.block
+                below[up] = below.get(up, 0) + (1 if now else -1)
+                b, nxt = (None if up == nxt else up), None
 
     def entered_run(self, pk, first, blocks):
         """Chain blocks ``blocks`` were just published under ``first`` (already settled), each

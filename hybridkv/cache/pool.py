@@ -265,12 +265,23 @@ class Pool:
             self.abi_of[b] = self.abi
 
     def _moved_run(self, blocks, old, new):
-        """``_moved`` of each of ``blocks``, all from state ``old`` to ``new``."""
-        if old == FREE or new == FREE:
+        """``_moved`` of each of ``blocks`` (distinct), all from state ``old`` to ``new``: the
+        counters and free flags at once (a subclass with its own ``_moved``: block by
+        block)."""
+        if (old == FREE or new == FREE) and type(self)._moved is not Pool._moved:
             for b in blocks:
                 self._moved(b, old, new)
             return
-        self.n_writing += ((new == WRITING) - (old == WRITING)) * len(blocks)
+        n = len(blocks)
+        self.n_writing += ((new == WRITING) - (old == WRITING)) * n
+        if old == FREE or new == FREE:
+            np.frombuffer(self.is_free, dtype=np.uint8)[np.asarray(blocks)] = new == FREE
+            self.n_free += n if new == FREE else -n
+        if new == FREE:
+            self.free.extend(blocks)
+            abi_of, abi = self.abi_of, self.abi
+            for b in blocks:
+                abi_of[b] = abi
 
     def alloc(self):
         """A FREE block id (still FREE until its first event), or None."""

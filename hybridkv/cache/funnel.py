@@ -78,7 +78,7 @@ class HitPlan(NamedTuple):
     reuse_tokens: int
     group_hits: dict        # group -> longest H this group alone could resume at
     rejections: tuple       # Rejection, longest H first
-    candidates: tuple       # checkpoint positions considered, longest first
+    candidates: tuple       # checkpoint positions tried, longest first (the last one passed)
     reads: tuple            # Read: what resuming at reuse_tokens pins and re-checks
     branch: int             # length of the cached compressed chain (Marconi branch point)
     prompt_tokens: int
@@ -140,7 +140,7 @@ class _Run(NamedTuple):
     deferred: list      # DiskRead of blocks after the run that are only on disk
 
 
-WALK_RUN_MIN = 24     # a shorter run of found chain blocks is checked block by block
+WALK_RUN_MIN = 8      # a shorter run of found chain blocks is checked block by block
 
 
 def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
@@ -244,13 +244,14 @@ def branch_length(layout, runs):
 
 def candidate_positions(keys, limit, gran, ckpts, on_disk):
     """Positions i * gran (i <= limit), longest first, whose chain key has a checkpoint record
-    or whose granule ``on_disk`` names: the membership scan runs at C speed (compress over
-    ``ckpts.__contains__``), the disk's few granules merged after."""
+    or whose granule ``on_disk`` names, as an iterator: the membership scan runs at C speed
+    (compress over ``ckpts.__contains__``) and only as far as the caller takes positions; the
+    disk's few granules merged in."""
     recorded = compress(range(limit, 0, -1), map(ckpts.__contains__, reversed(keys[:limit])))
     if not on_disk:
-        return [i * gran for i in recorded]
+        return map(gran.__mul__, recorded)
     extra = [i for i in on_disk if 1 <= i <= limit]
-    return [i * gran for i in sorted(set(recorded).union(extra), reverse=True)]
+    return iter([i * gran for i in sorted(set(recorded).union(extra), reverse=True)])
 
 
 def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
@@ -261,10 +262,11 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     runs = walk_chains(layout, index, pools, ctxs, keys, limit, disk)
     ckpts = index.ckpts
     on_disk = disk.candidates(keys, limit) if disk is not None else frozenset()
-    cands = candidate_positions(keys, limit, gran, ckpts, on_disk)
+    cands = []                 # the positions tried, longest first, up to the first that passes
     group_hits = {g.name: 0 for g in layout.groups}
     rejections, passes, chosen, disk_at = [], [], (), None
-    for H in cands:
+    for H in candidate_positions(keys, limit, gran, ckpts, on_disk):
+        cands.append(H)
         key = keys[H // gran - 1]
         oks, reads, deferred, only_disk = [], [], [], True
         for g in layout.groups:
@@ -284,7 +286,7 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
         if passed:
             chosen = tuple(reads)
             break
-    H = best_hit(cands[:len(passes)], passes)
+    H = best_hit(cands, passes)
     extra = ((), 0, "", NO_GROUPS)
     if disk_at is not None:
         choice, per = disk.decide(disk_at[1], H, disk_at[0])

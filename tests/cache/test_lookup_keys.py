@@ -48,13 +48,14 @@ def test_a_changed_token_or_salt_is_hashed_afresh():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.booleans(), max_size=40), st.integers(0, 45), st.sets(st.integers(-2, 50)))
 def test_candidates_are_every_recorded_or_disk_granule_longest_first(recorded, limit, on_disk):
-    """candidate_positions (the C-speed scan) lists exactly the granules i <= limit whose key
-    has a record or that the disk names, longest first: the funnel's definition by hand."""
+    """candidate_positions (the C-speed scan, an iterator the funnel takes from until a
+    position passes) yields exactly the granules i <= limit whose key has a record or that the
+    disk names, longest first: the funnel's definition by hand."""
     keys = [bytes([i]) for i in range(len(recorded))]
     ckpts = {k: None for k, r in zip(keys, recorded) if r}
     limit = min(limit, len(keys))
     want = [i * 16 for i in range(limit, 0, -1) if keys[i - 1] in ckpts or i in on_disk]
-    assert candidate_positions(keys, limit, 16, ckpts, frozenset(on_disk)) == want
+    assert list(candidate_positions(keys, limit, 16, ckpts, frozenset(on_disk))) == want
 
 
 @settings(max_examples=40, deadline=None)

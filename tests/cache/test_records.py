@@ -1,0 +1,75 @@
+"""A pool's records as columns (RecordColumns) and its one ObjRef per block (BlockRefs)."""
+import numpy as np
+import pytest
+
+from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.records import RecordColumns
+from hybridkv.errors import BadArgument
+from spec.common import PINNED, READY
+from spec.compressed import CompRec
+from tests.cache.helpers import P40, mk, run
+
+
+def test_a_row_reads_and_writes_as_the_spec_record():
+    recs = RecordColumns(CompRec, 5)
+    assert list(recs) == [CompRec()] * 5 and len(recs) == 5
+    rec = CompRec(st=READY, ver=3, pins=0, ep=1, draft=0, pub=1, h=64, closed=16)
+    recs[2] = rec
+    got = recs[2]
+    assert got == rec and type(got) is CompRec and all(type(v) is int for v in got)
+    assert (recs.state(2), recs.value(2, "h"), recs.value(2, "ver")) == (READY, 64, 3)
+    assert recs[1] == CompRec()                    # the neighbours did not move
+    with pytest.raises(BadArgument):
+        recs.put(3, tuple(rec))                    # a plain tuple is not a CompRec
+    assert recs[3] == CompRec()
+
+
+def test_a_run_gathers_and_scatters_only_its_rows():
+    recs = RecordColumns(CompRec, 6)
+    for b in range(6):
+        recs[b] = CompRec(st=READY, ver=b, pins=0, ep=0, draft=0, pub=1, h=16 * b, closed=4 * b)
+    idx, o = recs.gather([4, 1])
+    assert o.ver.tolist() == [4, 1] and o.h.tolist() == [64, 16]
+    recs.scatter(idx, o._replace(st=PINNED, pins=o.pins + 1))
+    assert [recs.state(b) for b in range(6)] == [READY, PINNED, READY, READY, PINNED, READY]
+    assert recs[4] == CompRec(st=PINNED, ver=4, pins=1, ep=0, draft=0, pub=1, h=64, closed=16)
+    assert recs.column([5, 4, 0], "pins").tolist() == [0, 1, 0]
+    o.h[:] = 0                                     # gather handed out a copy
+    assert recs.value(1, "h") == 16
+
+
+def test_load_replaces_every_record_or_nothing():
+    recs = RecordColumns(CompRec, 3)
+    new = [CompRec(st=READY, ver=i) for i in range(3)]
+    recs.load(new)
+    assert list(recs) == new
+    for bad in (new[:2], new[:2] + [tuple(new[2])]):
+        with pytest.raises(BadArgument):
+            recs.load(bad)
+        assert list(recs) == new
+    assert recs.cols.dtype == np.int64
+
+
+def test_index_requests_and_evictor_share_the_pools_one_ref_per_block():
+    """A block's ObjRef is made once (BlockRefs) and every structure that names the block holds
+    that very object: index parents and checkpoint anchors, a request's reads and chain."""
+    m = mk(checked=False)
+    run(m, "a", P40)
+    run(m, "b", P40 + [1, 2, 3], free=False)
+    seen = 0
+    for pk, ents in m.index.entries.items():
+        refs = m.pools[pk].refs
+        for b, e in ents.items():
+            if e.parent is not None:
+                assert e.parent is refs[e.parent.block]
+                seen += 1
+    for ck in m.index.ckpts.values():
+        for a in ck.anchors:
+            assert a is m.pools[(a.kind, a.group)].refs[a.block]
+            seen += 1
+    for r in m.requests["b"].reads:
+        assert r.ref is m.pools[(r.ref.kind, r.ref.group)].refs[r.ref.block]
+        seen += 1
+    assert seen > 10
+    pool = next(iter(m.pools.values()))
+    assert pool.refs[7] == ObjRef(pool.kind, pool.group, 7) and pool.refs[7] is pool.refs[7]

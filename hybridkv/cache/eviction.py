@@ -77,7 +77,7 @@ class Evictor:
             admitted, ents = self.admitted[pk], index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             blocks = [r.ref.block for r in group]
-            sts = pool.recs.column(blocks, "st").tolist()
+            sts = pool.recs.values(blocks, "st")
             keep = [i for i, (b, st) in enumerate(zip(blocks, sts))
                     if st != PINNED and b in ents]
             changed = [blocks[i] for i in keep]

@@ -32,7 +32,7 @@ from spec.state import KINDS, MACHINES, RECS
 
 REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
-RUN_MIN = 8       # shorter runs go block by block: numpy's fixed cost (~25 us a run) wins below
+RUN_MIN = 24      # shorter runs go block by block: numpy's fixed cost (~25-60 us a run) wins below
 
 
 class ObjRef(NamedTuple):

@@ -42,7 +42,7 @@ class Owned(NamedTuple):
         pool.write_run(blocks, positions)
         refs = pool.refs
         return [cls(refs[b], p, ver)
-                for b, p, ver in zip(blocks, positions, pool.recs.column(blocks, "ver").tolist())]
+                for b, p, ver in zip(blocks, positions, pool.recs.values(blocks, "ver"))]
 
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""

@@ -350,7 +350,7 @@ class ObjectWriter:
         """Seal a pool's completed chain blocks (one run per event): fill + seal + pin."""
         pool = self.pools[(objs[0].ref.kind, objs[0].ref.group)]
         sealed = []
-        pubs = pool.recs.column([o.ref.block for o in objs], "pub").tolist()
+        pubs = pool.recs.values([o.ref.block for o in objs], "pub")
         for o, pub in zip(objs, pubs):
             if pub:
                 sealed.append(o)
@@ -360,8 +360,8 @@ class ObjectWriter:
         pool.fire_run(blocks, "fill")
         pool.fire_run(blocks, "seal")
         pool.fire_run(blocks, "pin")               # its writer keeps reading it
-        vers = pool.recs.column(blocks, "ver").tolist()
-        eps = pool.recs.column(blocks, "ep").tolist()
+        vers = pool.recs.values(blocks, "ver")
+        eps = pool.recs.values(blocks, "ep")
         req.reads.extend([Read(o.ref, o.at, v, e) for o, v, e in zip(sealed, vers, eps)])
 
     def slide(self, req, L):

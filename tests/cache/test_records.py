@@ -33,7 +33,7 @@ def test_a_run_gathers_and_scatters_only_its_rows():
     recs.scatter(idx, o._replace(st=PINNED, pins=o.pins + 1))
     assert [recs.state(b) for b in range(6)] == [READY, PINNED, READY, READY, PINNED, READY]
     assert recs[4] == CompRec(st=PINNED, ver=4, pins=1, ep=0, draft=0, pub=1, h=64, closed=16)
-    assert recs.column([5, 4, 0], "pins").tolist() == [0, 1, 0]
+    assert recs.values([5, 4, 0], "pins") == [0, 1, 0]
     o.h[:] = 0                                     # gather handed out a copy
     assert recs.value(1, "h") == 16
 
@@ -73,3 +73,14 @@ def test_index_requests_and_evictor_share_the_pools_one_ref_per_block():
     assert seen > 10
     pool = next(iter(m.pools.values()))
     assert pool.refs[7] == ObjRef(pool.kind, pool.group, 7) and pool.refs[7] is pool.refs[7]
+
+
+def test_values_of_a_long_and_a_short_run_read_the_same_rows():
+    recs = RecordColumns(CompRec, 80)
+    for b in range(80):
+        recs[b] = CompRec(st=READY, ver=b % 7, pins=0, ep=b, draft=0, pub=b % 2, h=b, closed=0)
+    long_run = list(range(79, 20, -1))             # numpy gather
+    assert len(long_run) >= 32
+    assert recs.values(long_run, "ep") == [recs.value(b, "ep") for b in long_run] == long_run
+    assert recs.values([3, 9, 3], "ver") == [3, 2, 3]          # read one by one
+    assert all(type(v) is int for v in recs.values(long_run, "pub"))

@@ -189,7 +189,7 @@ class Pool:
 
     def fire_run(self, blocks, event, *args):
         """``fire`` on each of ``blocks`` in order (``args``: scalars, or lists of one value per
-        block); the new records are in ``recs`` (read them with ``recs.column``).  A run of
+        block); the new records are in ``recs`` (read them with ``recs.values``).  A run of
         ``run_min`` or more distinct blocks is one gather of their rows, each guard and the
         effect called once over the columns, one scatter; a refused block raises
         TransitionRefused and changes nothing.  Checked mode shadows every block."""

@@ -82,6 +82,15 @@ class ArenaPool(Pool):
             self.arena.give(self.key, b, self.phys[b])
             self.phys[b] = NO_PAGE
 
+    def _moved_run(self, blocks, old, new):
+        """A run leaving or entering FREE takes or gives its pages block by block (``_moved``);
+        other runs as Pool's."""
+        if old == FREE or new == FREE:
+            for b in blocks:
+                self._moved(b, old, new)
+        else:
+            super()._moved_run(blocks, old, new)
+
     def _fresh_slot(self, b, st):
         if not self.arena.n_free:
             raise TransitionRefused(self.kind, st, "relocate")

@@ -266,12 +266,7 @@ class Pool:
 
     def _moved_run(self, blocks, old, new):
         """``_moved`` of each of ``blocks`` (distinct), all from state ``old`` to ``new``: the
-        counters and free flags at once (a subclass with its own ``_moved``: block by
-        block)."""
-        if (old == FREE or new == FREE) and type(self)._moved is not Pool._moved:
-            for b in blocks:
-                self._moved(b, old, new)
-            return
+        counters and free flags at once."""
         n = len(blocks)
         self.n_writing += ((new == WRITING) - (old == WRITING)) * n
         if old == FREE or new == FREE:

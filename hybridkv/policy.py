@@ -93,7 +93,7 @@ class _Entry:
 class ValuePolicy:
     """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
 
-    admit_uses_seq = False    # admit() takes no sequence number (admit_run may batch it)
+    admit_uses_seq = False    # admit() takes no sequence number (admit_chain batches it)
 
     def __init__(self, learn: bool = True, flops_weight: float = 0.25, recency: float = 0.0):
         self.learn = learn
@@ -148,19 +148,6 @@ class ValuePolicy:
         self._now = now
         self._e[meta.key] = e
         self._enter(e)
-
-    def admit_run(self, metas, now: float = 0.0) -> None:
-        """``admit`` of each of ``metas`` in order (new entries, none eligible yet): the same
-        entries, priorities and class counts, without a call per entry (``admit_chain`` per
-        stretch of one kind, size and tag)."""
-        i = 0
-        while i < len(metas):
-            m, j = metas[i], i + 1
-            while j < len(metas) and metas[j][1:3] == m[1:3] and metas[j].tag == m.tag:
-                j += 1
-            self.admit_chain([x.key for x in metas[i:j]], m.kind, m.nbytes,
-                             [x.flops for x in metas[i:j]], m.tag, now)
-            i = j
 
     def admit_chain(self, keys, kind, nbytes, flops, tag, now: float = 0.0) -> None:
         """``admit(EntryMeta(key, kind, nbytes, f, tag), now)`` of each key and its FLOPs

@@ -14,6 +14,8 @@ admission counts per pool only what eviction can take, ``n_free + cached - block
 (hybridkv.cache.liveness.Liveness keeps live and blocked).
 """
 import contextlib
+from itertools import groupby
+from operator import attrgetter
 
 from hybridkv.cache.arena_pool import PageCountedSet
 from hybridkv.cache.liveness import Liveness
@@ -89,7 +91,7 @@ class Evictor:
                         policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
                                                pool.block_nbytes,
                                                float(r.at * pool.n_layers), tag), clock)
-                    self._place(pk, b, ents[b], sts[i])
+                    self._place_run(pk, (b,), (sts[i],))
             else:                                           # admissions first, at once
                 fresh = []
                 for i in keep:                              # first read of a new block
@@ -104,18 +106,15 @@ class Evictor:
         """New policy entries for ``reads`` (blocks not admitted yet), in order: one
         ``admit_chain`` per stretch of chain blocks or exact objects."""
         pool, policy = self.pools[pk], self.policies[pk]
-        nbytes, n_layers, i = pool.block_nbytes, pool.n_layers, 0
-        while i < len(reads):
-            exact, j = reads[i].exact, i + 1
-            while j < len(reads) and reads[j].exact == exact:
-                j += 1
-            policy.admit_chain([r.ref.block for r in reads[i:j]],
-                               "checkpoint" if exact else "block", nbytes,
-                               [float(r.at * n_layers) for r in reads[i:j]], tag, self.clock)
-            i = j
+        for exact, stretch in groupby(reads, attrgetter("exact")):
+            stretch = list(stretch)
+            policy.admit_chain([r.ref.block for r in stretch],
+                               "checkpoint" if exact else "block", pool.block_nbytes,
+                               [float(r.at * pool.n_layers) for r in stretch], tag, self.clock)
 
     def _place_run(self, pk, blocks, states):
-        """``_place`` of each of ``blocks`` (published, with its state), in order."""
+        """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``
+        and offered to the policy while a cached leaf (``refresh`` with the state in hand)."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
         for b, st in zip(blocks, states):
@@ -134,24 +133,6 @@ class Evictor:
         pool = self.pools[pk]
         if pool.shadows is not None:
             pool.touched.update(blocks)
-
-    def _place(self, pk, b, e, st):
-        """Block b (index entry ``e``, state ``st``) in or out of ``cached`` and offered to
-        the policy while a cached leaf (``refresh`` with the entry in hand)."""
-        cached, eligible = self.cached[pk], self.eligible[pk]
-        if st in CACHED_STATES:
-            cached.add(b)
-            leaf = not e.children
-        else:
-            cached.discard(b)
-            leaf = False
-        if leaf and b not in eligible:
-            self.policies[pk].eligible(b)
-            eligible.add(b)
-        elif not leaf and b in eligible:
-            self.policies[pk].ineligible(b)
-            eligible.discard(b)
-        self.pools[pk].touch(b)
 
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live

@@ -1,5 +1,6 @@
 """The eviction/retention policy and the simulator's (PolicyManager) invariants."""
 import random
+from itertools import groupby
 
 import pytest
 from hypothesis import given, settings
@@ -167,10 +168,11 @@ def test_layout_costs():
 @given(st.lists(st.tuples(st.sampled_from(["block", "checkpoint"]), st.sampled_from(["", "t"]),
                           st.integers(0, 10 ** 6), st.integers(1, 4096)), max_size=30),
        st.integers(0, 5), st.booleans(), st.sampled_from([0.0, 0.5]))
-def test_admit_run_leaves_what_admit_one_by_one_leaves(specs, used, learn, recency):
-    """ValuePolicy.admit_run: the entries, priorities and class counts of admitting each
-    meta in turn, after some history (accesses and an eviction moved the clock and the
-    class counts)."""
+def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, recency):
+    """ValuePolicy.admit_chain, one call per stretch of metas sharing kind, size and tag (as a
+    free admits a chain): the entries, priorities and class counts of admitting each meta in
+    turn, after some history (accesses and an eviction moved the clock and the class
+    counts)."""
     def policy():
         p = ValuePolicy(learn=learn, recency=recency)
         for i in range(used + 1):
@@ -185,7 +187,10 @@ def test_admit_run_leaves_what_admit_one_by_one_leaves(specs, used, learn, recen
     one, run = policy(), policy()
     for m in metas:
         one.admit(m, 7.0)
-    run.admit_run(metas, 7.0)
+    for (kind, nbytes, tag), stretch in groupby(metas, lambda m: (m.kind, m.nbytes, m.tag)):
+        stretch = list(stretch)
+        run.admit_chain([m.key for m in stretch], kind, nbytes, [m.flops for m in stretch],
+                        tag, 7.0)
     assert {k: (e.prio, e.uses, e.seq) for k, e in run._e.items()} == \
         {k: (e.prio, e.uses, e.seq) for k, e in one._e.items()}
     assert (run._entered, run._moved, run.clock, run._now) == \

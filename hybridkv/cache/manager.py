@@ -86,7 +86,8 @@ class CacheManager:
                  policy_factory=ValuePolicy, every_n=0, cap=None, max_ver=NO_LIMIT,
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
-                 check_every=64, num_pages=None, events=False, block_pages=None):
+                 check_every=64, num_pages=None, events=False, block_pages=None,
+                 end_every=None):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
         if num_pages is not None:
@@ -110,6 +111,11 @@ class CacheManager:
         if every_n % layout.granule:
             raise BadArgument("every_n must be a multiple of the hash granule",
                               (every_n, layout.granule))
+        if end_every is not None:
+            check_count("end_every", end_every, 1)
+            if end_every % layout.granule:
+                raise BadArgument("end_every must be a multiple of the hash granule",
+                                  (end_every, layout.granule))
         if cap is not None:
             check_count("cap", cap, 1)
         self.layout, self.device, self.checked = layout, _device(device), bool(checked)
@@ -132,7 +138,7 @@ class CacheManager:
                                    num_pages or sum(sizes.values()), self._transit, self.arena)
         self.subpages = WindowSubPages(layout, self.pools)
         self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, self.subpages,
-                                   every_n)
+                                   every_n, end_every)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
                                    self.subpages)
         self.events = [] if events else None           # CacheEvent feed (take_events)

@@ -6,8 +6,12 @@ its objects are released).
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
 extends), the prompt's last aligned position before its last token (``repeat``: an identical
-prompt resumes there), the end of every allocation (``end``: provisional; superseded by the
-next end, the last one stays when the request is freed), and every ``every_n`` tokens.
+prompt resumes there), the end of every allocation rounded down to ``end_every`` (``end``:
+provisional; superseded by the next end, the last one stays when the request is freed; an
+allocation that reaches no new multiple of ``end_every`` writes none), and every ``every_n``
+tokens.  ``end_every`` is the granule by default: an end every granule a decode reaches.  An
+engine that resumes only at its own block boundaries (vLLM) sets its block size, so a decode
+captures its end once per block instead of once per granule.
 A snapshot not read by its writer is a cache entry as soon as it is captured, except a
 provisional end, which stays protected until superseded or the request is freed.
 """
@@ -17,10 +21,11 @@ RETAINED = frozenset({"branch", "repeat", "every"})
 
 
 class Snapshots:
-    def __init__(self, layout, pools, index, evictor, subpages, every_n=0):
+    def __init__(self, layout, pools, index, evictor, subpages, every_n=0, end_every=None):
         self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
         self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
+        self.end_every = end_every or layout.granule    # a multiple of the granule
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.copies = []             # SlotCopy of the captures since the manager last took them
 
@@ -34,7 +39,7 @@ class Snapshots:
                 pts.setdefault(P, set()).add(tag)
         if req.plan.branch < req.prompt_len:
             add(req.plan.branch, "branch")
-        add(end - end % gran, "end")
+        add(end - end % self.end_every, "end")
         add((req.prompt_len - 1) // gran * gran, "repeat")
         if self.every_n:
             for P in range((start // self.every_n + 1) * self.every_n, end + 1, self.every_n):

@@ -349,3 +349,32 @@ def test_a_deferred_free_holds_every_page_until_vllm_hands_the_blocks_back():
         seen[side] = (start - running, len(blocks), running - popped, popped - both,
                       back - both)
     assert seen["ours"] == seen["stock"] == (7, 7, 0, 4, 7)
+
+
+def test_a_decode_keeps_its_end_once_per_scheduler_block():
+    """hash blocks of 4, a window group of 4-token blocks: a decode's provisional end is kept
+    once per scheduler block (vLLM resumes at whole blocks), not once per 4 tokens; a
+    scheduler block of 4 keeps it every 4."""
+    from dataclasses import replace
+    swa4 = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=32)
+    hits = {}
+    for block in (4, BS):
+        kv = KVCacheManager(replace(config(256, full(), swa4), prefix_cache_retention_interval=0),
+                            max_model_len=4096, scheduler_block_size=block, hash_block_size=4)
+        assert kv.layout.granule == 4 and kv.cache.snapshots.end_every == block
+
+        def req(rid, tokens):
+            return Request(rid, tokens, SamplingParams(max_tokens=64), None,
+                           block_hasher=get_request_block_hasher(4, sha256))
+        a = req("a", list(range(40)))
+        assert kv.allocate_slots(a, 40) is not None
+        a.num_computed_tokens = 40
+        for t in range(30):                           # decode positions 40..69
+            a.append_output_token_ids(1000 + t)
+            assert kv.allocate_slots(a, 1) is not None
+            a.num_computed_tokens += 1
+        kv.free(a)
+        b = req("b", list(range(40)) + [1000 + t for t in range(30)] + [5, 6, 7])
+        hits[block] = kv.get_computed_blocks(b)[1]
+    assert hits == {4: 68, BS: 64}

@@ -35,6 +35,8 @@ group.  Any other spec (Mamba, cross-attention, encoder-only, hidden-state cache
 ring-buffer attention, bounded-replay windows, ...) raises UnsupportedSpec naming it: never a
 silent fallback.
 """
+import math
+
 from hybridkv.errors import LayoutError
 from hybridkv.layout import LayerGroup, ModelLayout, ceil_div
 
@@ -122,6 +124,13 @@ def every_n(kv_cache_config, layout, scheduler_block_size):
         raise ValueError(f"prefix_cache_retention_interval ({interval}) must be non-negative "
                          f"and a multiple of scheduler_block_size ({scheduler_block_size})")
     return ceil_div(interval, layout.granule) * layout.granule
+
+
+def end_every(layout, scheduler_block_size):
+    """hybridkv's provisional-end stride (``CacheManager(end_every=)``): vLLM resumes a
+    request at whole scheduler blocks, so a decode keeps its end snapshot once per block
+    (the least multiple of the block size and the hash granule), not once per granule."""
+    return math.lcm(scheduler_block_size, layout.granule)
 
 
 def window_blocks(group):

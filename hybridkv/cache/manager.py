@@ -87,7 +87,7 @@ class CacheManager:
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
                  check_every=64, num_pages=None, events=False, block_pages=None,
-                 end_every=None):
+                 resume_every=None):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
         if num_pages is not None:
@@ -111,11 +111,11 @@ class CacheManager:
         if every_n % layout.granule:
             raise BadArgument("every_n must be a multiple of the hash granule",
                               (every_n, layout.granule))
-        if end_every is not None:
-            check_count("end_every", end_every, 1)
-            if end_every % layout.granule:
-                raise BadArgument("end_every must be a multiple of the hash granule",
-                                  (end_every, layout.granule))
+        if resume_every is not None:
+            check_count("resume_every", resume_every, 1)
+            if resume_every % layout.granule:
+                raise BadArgument("resume_every must be a multiple of the hash granule",
+                                  (resume_every, layout.granule))
         if cap is not None:
             check_count("cap", cap, 1)
         self.layout, self.device, self.checked = layout, _device(device), bool(checked)
@@ -138,7 +138,7 @@ class CacheManager:
                                    num_pages or sum(sizes.values()), self._transit, self.arena)
         self.subpages = WindowSubPages(layout, self.pools)
         self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, self.subpages,
-                                   every_n, end_every)
+                                   every_n, resume_every)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
                                    self.subpages)
         self.events = [] if events else None           # CacheEvent feed (take_events)

@@ -6,26 +6,31 @@ its objects are released).
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
 extends), the prompt's last aligned position before its last token (``repeat``: an identical
-prompt resumes there), the end of every allocation rounded down to ``end_every`` (``end``:
+prompt resumes there), the end of every allocation rounded down to ``resume_every`` (``end``:
 provisional; superseded by the next end, the last one stays when the request is freed; an
-allocation that reaches no new multiple of ``end_every`` writes none), and every ``every_n``
-tokens.  ``end_every`` is the granule by default: an end every granule a decode reaches.  An
-engine that resumes only at its own block boundaries (vLLM) sets its block size, so a decode
-captures its end once per block instead of once per granule.
+allocation that reaches no new multiple of ``resume_every`` writes none), and every ``every_n``
+tokens.
+
+``resume_every`` is the stride of the engine's own resume points, the granule by default.  An
+engine that resumes only at whole blocks (vLLM: its scheduler block) sets its block size: a
+decode then captures its end once per block instead of once per granule, and the prompt's
+last block boundary before its last token is retained too (``boundary``, vLLM's replay
+boundary): a later prompt that shares the prompt's whole blocks and not its partial last one
+resumes there.
 A snapshot not read by its writer is a cache entry as soon as it is captured, except a
 provisional end, which stays protected until superseded or the request is freed.
 """
 from hybridkv.cache.request import Owned, SlotCopy
 
-RETAINED = frozenset({"branch", "repeat", "every"})
+RETAINED = frozenset({"branch", "repeat", "boundary", "every"})
 
 
 class Snapshots:
-    def __init__(self, layout, pools, index, evictor, subpages, every_n=0, end_every=None):
+    def __init__(self, layout, pools, index, evictor, subpages, every_n=0, resume_every=None):
         self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
         self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
-        self.end_every = end_every or layout.granule    # a multiple of the granule
+        self.resume_every = resume_every or layout.granule    # a multiple of the granule
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.copies = []             # SlotCopy of the captures since the manager last took them
 
@@ -39,8 +44,10 @@ class Snapshots:
                 pts.setdefault(P, set()).add(tag)
         if req.plan.branch < req.prompt_len:
             add(req.plan.branch, "branch")
-        add(end - end % self.end_every, "end")
+        add(end - end % self.resume_every, "end")
         add((req.prompt_len - 1) // gran * gran, "repeat")
+        if self.resume_every > gran:
+            add((req.prompt_len - 1) // self.resume_every * self.resume_every, "boundary")
         if self.every_n:
             for P in range((start // self.every_n + 1) * self.every_n, end + 1, self.every_n):
                 add(P, "every")

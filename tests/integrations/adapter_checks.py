@@ -362,7 +362,7 @@ def test_a_decode_keeps_its_end_once_per_scheduler_block():
     for block in (4, BS):
         kv = KVCacheManager(replace(config(256, full(), swa4), prefix_cache_retention_interval=0),
                             max_model_len=4096, scheduler_block_size=block, hash_block_size=4)
-        assert kv.layout.granule == 4 and kv.cache.snapshots.end_every == block
+        assert kv.layout.granule == 4 and kv.cache.snapshots.resume_every == block
 
         def req(rid, tokens):
             return Request(rid, tokens, SamplingParams(max_tokens=64), None,

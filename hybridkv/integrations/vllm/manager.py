@@ -34,7 +34,7 @@ from hybridkv.integrations.vllm.deferred import DeferredFrees
 from hybridkv.integrations.vllm.events import VllmEvents
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
-from hybridkv.integrations.vllm.specs import (UnsupportedSpec, end_every, every_n,
+from hybridkv.integrations.vllm.specs import (UnsupportedSpec, resume_every, every_n,
                                               layout_from_vllm)
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, TranslatedIds,
                                                   UnusedArgs, known_positions, salt_of)
@@ -64,7 +64,7 @@ class KVCacheManager(UnusedMachinery):
         self.prefix_cache_stats = self.new_stats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.every_n = every_n(kv_cache_config, self.layout, scheduler_block_size)
-        self.end_every = end_every(self.layout, scheduler_block_size)
+        self.resume_every = resume_every(self.layout, scheduler_block_size)
         self.block_pages = block_pages(self.layout)      # a window page's vLLM blocks
         self.num_pages = num_pages(kv_cache_config.num_blocks)
         self.cache = self._new_cache()
@@ -84,7 +84,7 @@ class KVCacheManager(UnusedMachinery):
 
     def _new_cache(self):
         return CacheManager(self.layout, num_pages=self.num_pages, block_pages=self.block_pages,
-                            device="meta", every_n=self.every_n, end_every=self.end_every,
+                            device="meta", every_n=self.every_n, resume_every=self.resume_every,
                             events=True)
 
     def _drain(self, request):

@@ -126,10 +126,11 @@ def every_n(kv_cache_config, layout, scheduler_block_size):
     return ceil_div(interval, layout.granule) * layout.granule
 
 
-def end_every(layout, scheduler_block_size):
-    """hybridkv's provisional-end stride (``CacheManager(end_every=)``): vLLM resumes a
-    request at whole scheduler blocks, so a decode keeps its end snapshot once per block
-    (the least multiple of the block size and the hash granule), not once per granule."""
+def resume_every(layout, scheduler_block_size):
+    """hybridkv's resume stride (``CacheManager(resume_every=)``): vLLM resumes a request at
+    whole scheduler blocks, so a decode keeps its end snapshot once per block (the least
+    multiple of the block size and the hash granule), not once per granule, and a prompt's
+    last block boundary (vLLM's replay boundary) is retained."""
     return math.lcm(scheduler_block_size, layout.granule)
 
 

@@ -52,6 +52,21 @@ class Admission:
         """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
         it) unless every pool can supply its blocks from free + evictable ones, minus the
         ``protect``ed cached blocks about to be pinned, and the cap admits them all."""
+        short, too_large = self._verdict(need, protect, subs)
+        if too_large:
+            raise RequestTooLarge("allocation can never fit this cache", too_large)
+        if short:
+            raise AdmissionRefused("allocation refused", short)
+
+    def fits(self, need, protect=(), subs=None, extra=None, extra_transit=0):
+        """``check`` would pass (and nothing changes either way), with ``extra`` (pool key
+        -> blocks, arena mode: pages) more available and ``extra_transit`` fewer objects in
+        transit."""
+        short, too_large = self._verdict(need, protect, subs, extra, extra_transit)
+        return not short and not too_large
+
+    def _verdict(self, need, protect, subs, extra=None, extra_transit=0):
+        """(short, too_large): what ``check`` refuses, per pool (or the arena, the cap)."""
         held = {}                     # pool key -> blocks (arena mode: their pages)
         for r in protect:
             pk = (r.ref.kind, r.ref.group)
@@ -59,17 +74,16 @@ class Admission:
                 held[pk] = held.get(pk, 0) + (1 if self.arena is None else
                                               self.arena.held_by(self.pools[pk], r.ref.block))
         total = sum(need.values())
+        for pk, n in (extra or {}).items():      # more available: fewer held back
+            held[pk] = held.get(pk, 0) - n
         short, too_large = self._short_pages(need, held, subs) if self.arena is not None \
             else self._short_blocks(need, held)
-        n = self.in_transit()
+        n = self.in_transit() - extra_transit
         if not can_admit_objects(n, total, self.cap):
             short["in_transit"] = (total, self.cap - n)
             if not can_admit_objects(0, total, self.cap):
                 too_large["in_transit"] = (total, self.cap)
-        if too_large:
-            raise RequestTooLarge("allocation can never fit this cache", too_large)
-        if short:
-            raise AdmissionRefused("allocation refused", short)
+        return short, too_large
 
     def _short_blocks(self, need, held):
         """Per pool: its blocks against its free + takeable cached ones."""

@@ -251,12 +251,11 @@ class CacheManager:
         protect = req.plan.reads if first else ()
         need = self.writer.blocks_needed(req, end, draft_end)
         subs = self.subpages.count(req, end, draft_end)
-        self.admission.check(need, protect, subs)        # O(pools): before any per-block work
-        points = self.snapshots.points(req, start, end)
-        if points:
-            need = self.writer.blocks_needed(req, end, draft_end, points)
-            subs = merged(subs, self.subpages.count_snapshots(points))
-            self.admission.check(need, protect, subs)
+        if not self.admission.fits(need, protect, subs):  # O(pools): before any per-block work
+            self._abandon_pending(need, protect, subs)
+        self.admission.check(need, protect, subs)
+        points, need, subs = self._points_that_fit(req, start, end, draft_end, need, subs,
+                                                   protect)
         restored, self.writer.copies = self.writer.restored_bytes, []
         if first:
             self._take_plan(req)
@@ -270,6 +269,52 @@ class CacheManager:
         self.writer.horizon(req)
         return Allocation(start, end, draft_end, tuple(points), req.tables,
                           self.writer.restored_bytes - restored, tuple(self.writer.copies))
+
+    def _abandon_pending(self, need, protect, subs):
+        """An allocation short of room takes it from points written and not captured yet
+        (``Snapshots.pending``: retention is best effort, a request's progress is not), the
+        least worth keeping first, as few as it needs -- only when giving them all up would
+        make it fit; otherwise nothing changes and ``check`` refuses."""
+        pending = self.snapshots.pending(self.requests.values(), self.arena is not None)
+        extra, objects = {}, 0
+        for _, _, held, n in pending:
+            extra, objects = merged(extra, held), objects + n
+        if not pending or not self.admission.fits(need, protect, subs, extra, objects):
+            return
+        for req, P, _, _ in pending:
+            self.snapshots.abandon(req, P)
+            if self.admission.fits(need, protect, subs):
+                return
+
+    def _points_that_fit(self, req, start, end, draft_end, need, subs, protect):
+        """The retention points in (start, end] an admitted allocation writes, with its blocks
+        and sub-pages counting their snapshots: every point when they fit beside it, else the
+        most points that fit in ``Snapshots.priority`` order (the rest are not retained,
+        ``stats()["snapshots_skipped"]``).  A snapshot never refuses an allocation that fits
+        without it.  O(log points) admission checks of O(pools + points) each."""
+        points = self.snapshots.points(req, start, end)
+        if not points:
+            return points, need, subs
+        order = sorted(points, key=lambda P: self.snapshots.priority(P, points[P]))
+
+        def sized(k):
+            kept = {P: points[P] for P in sorted(order[:k])}
+            return kept, self.writer.blocks_needed(req, end, draft_end, kept), \
+                merged(subs, self.subpages.count_snapshots(kept))
+
+        def fits(k):
+            if not k:
+                return True
+            _, need_k, subs_k = sized(k)
+            return self.admission.fits(need_k, protect, subs_k)
+        lo, hi = 0, len(order)                # fits(lo); fits(hi) unknown, then False
+        if not fits(hi):
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            self.snapshots.skipped += len(order) - lo
+            hi = lo
+        return sized(hi)
 
     @locked
     def pin(self, request_id):
@@ -616,6 +661,8 @@ class CacheManager:
                "granule": self.layout.granule,
                "snapshot_bytes_copied": {"restored_on_hit": self.writer.restored_bytes,
                                          "captured": self.snapshots.captured_bytes},
+               "snapshots_skipped": self.snapshots.skipped,
+               "snapshots_abandoned": self.snapshots.abandoned,
                "kv_bytes_held": self.kv_bytes_held(), **self.metrics.summary()}
         if self.disk_link is not None:
             out["disk"] = self.disk_link.stats()

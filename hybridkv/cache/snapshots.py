@@ -20,9 +20,12 @@ resumes there.
 A snapshot not read by its writer is a cache entry as soon as it is captured, except a
 provisional end, which stays protected until superseded or the request is freed.
 """
+import heapq
+
 from hybridkv.cache.request import Owned, SlotCopy
 
-RETAINED = frozenset({"branch", "repeat", "boundary", "every"})
+SEMANTIC = frozenset({"branch", "repeat", "boundary"})
+RETAINED = SEMANTIC | {"every"}
 
 
 class Snapshots:
@@ -32,6 +35,8 @@ class Snapshots:
         self.every_n = every_n
         self.resume_every = resume_every or layout.granule    # a multiple of the granule
         self.captured_bytes = 0      # bytes copied into snapshots at capture
+        self.skipped = 0             # points not written: no room beside their allocation
+        self.abandoned = 0           # points written, then given up for another's room
         self.copies = []             # SlotCopy of the captures since the manager last took them
 
     # -- where ------------------------------------------------------------------------------
@@ -52,6 +57,14 @@ class Snapshots:
             for P in range((start // self.every_n + 1) * self.every_n, end + 1, self.every_n):
                 add(P, "every")
         return dict(sorted(pts.items()))
+
+    @staticmethod
+    def priority(P, tags):
+        """Which points an allocation short of room keeps first (smallest first): a point
+        kept beyond the request (branch, repeat, boundary), then the provisional end (where
+        the request resumes after a preemption, or its next turn), then ``every`` points,
+        the latest first."""
+        return (0 if tags & SEMANTIC else 1 if "end" in tags else 2, -P)
 
     def count(self, points):
         """Blocks per pool the exact objects of ``points`` take."""
@@ -162,6 +175,38 @@ class Snapshots:
             del req.sealed_points[-2]
         else:
             req.sealed_points.remove(P)
+
+    def pending(self, requests, arena):
+        """Every written, not yet captured point of ``requests`` (Request), in the order to
+        abandon them (the least worth keeping first, ``priority``): (request, P, pool key ->
+        what its live objects hold: pages in ``arena`` mode, else blocks; its live objects,
+        each in transit while WRITING)."""
+        out = []
+        for req in requests:
+            for P in req.pending_points:
+                held, n = {}, 0
+                for o in req.snapshots.get(P, ()):
+                    if o.live(self.pools):
+                        n += 1
+                        pk, pool = (o.ref.kind, o.ref.group), self.pools[(o.ref.kind, o.ref.group)]
+                        held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
+                                                      if arena else 1)
+                out.append((self.priority(P, req.snapshot_tags.get(P, set())), req, P, held, n))
+        out.sort(key=lambda x: x[0], reverse=True)
+        return [x[1:] for x in out]
+
+    def abandon(self, req, P):
+        """A written point no commit captured yet is given up (its allocation's room is
+        wanted): its objects are dropped, the commit that reaches P passes it, and the ones
+        waiting for their tokens to be published are forgotten (a dropped block may be
+        written again, at the same version, by the allocation that wanted the room)."""
+        gone = set(req.snapshots.get(P, ()))
+        self.reject(req, P)
+        req.pending_points.remove(P)
+        if any(entry[-1] in gone for entry in req.unpublished):
+            req.unpublished = [entry for entry in req.unpublished if entry[-1] not in gone]
+            heapq.heapify(req.unpublished)
+        self.abandoned += 1
 
     def reject(self, req, P):
         """P was passed or abandoned before capture: its objects never become readable."""

@@ -159,7 +159,8 @@ class Checker:
             bad = pool.check_integrity()
             if bad:
                 _fail("pool_integrity", (pk, bad[:3]))
-        bad = mgr.index.check(mgr.pools) + mgr.evictor.check()
+        bad = mgr.index.check(mgr.pools) + mgr.evictor.check() + \
+            mgr.snapshots.check(mgr.requests.values())
         if mgr.arena is not None:
             bad += mgr.arena.check(mgr.pools)
         if bad:

@@ -275,14 +275,12 @@ class CacheManager:
         (``Snapshots.pending``: retention is best effort, a request's progress is not), the
         least worth keeping first, as few as it needs -- only when giving them all up would
         make it fit; otherwise nothing changes and ``check`` refuses."""
-        pending = self.snapshots.pending(self.requests.values(), self.arena is not None)
-        extra, objects = {}, 0
-        for _, _, held, n in pending:
-            extra, objects = merged(extra, held), objects + n
-        if not pending or not self.admission.fits(need, protect, subs, extra, objects):
+        snaps = self.snapshots
+        if not snaps.written or not self.admission.fits(
+                need, protect, subs, snaps.reclaimable, snaps.reclaimable_objects):
             return
-        for req, P, _, _ in pending:
-            self.snapshots.abandon(req, P)
+        for req, P in snaps.pending():
+            snaps.abandon(req, P)
             if self.admission.fits(need, protect, subs):
                 return
 
@@ -755,11 +753,15 @@ class CacheManager:
     # -- read-only queries for engine adapters (hybridkv.integrations) -------------------------
     @locked
     def available_blocks(self):
-        """pool key -> blocks an allocation could take now (free + evictable), in O(pools);
-        in arena mode the pages all of them could take together, the same for every pool."""
+        """pool key -> blocks an allocation could take now (free + evictable + what written,
+        not yet captured snapshots hold: an allocation short of room takes theirs), in
+        O(pools); in arena mode the pages all of them could take together, the same for
+        every pool."""
+        room = self.snapshots.reclaimable
         if self.arena is not None:
-            return dict.fromkeys(self.pools, self.arena.available(self.pools, self.evictor))
-        return {pk: self.evictor.available(pk) for pk in self.pools}
+            return dict.fromkeys(self.pools, self.arena.available(self.pools, self.evictor)
+                                 + sum(room.values()))
+        return {pk: self.evictor.available(pk) + room.get(pk, 0) for pk in self.pools}
 
     @locked
     def cached_block(self, kind, group, key, exact=False):

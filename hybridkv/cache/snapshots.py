@@ -22,6 +22,7 @@ provisional end, which stays protected until superseded or the request is freed.
 """
 import heapq
 
+from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.request import Owned, SlotCopy
 
 SEMANTIC = frozenset({"branch", "repeat", "boundary"})
@@ -37,6 +38,9 @@ class Snapshots:
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.skipped = 0             # points not written: no room beside their allocation
         self.abandoned = 0           # points written, then given up for another's room
+        self.written = {}            # (request id, P) -> (request, held, objects) of a point
+        self.reclaimable = {}        # written, not captured: pool key -> what they hold
+        self.reclaimable_objects = 0  # ... and how many objects (in transit while WRITING)
         self.copies = []             # SlotCopy of the captures since the manager last took them
 
     # -- where ------------------------------------------------------------------------------
@@ -89,9 +93,33 @@ class Snapshots:
             for o in objs:
                 self.subpages.fill_snapshot(o, P)
                 publish(req, o, True)
+            self._held(req, P, objs)
+
+    def _held(self, req, P, objs):
+        """Point P's objects are written: what they hold joins the reclaimable room (pages in
+        arena mode, else blocks) until a commit captures or rejects them."""
+        held = {}
+        for o in objs:
+            pk = (o.ref.kind, o.ref.group)
+            pool = self.pools[pk]
+            held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
+                                          if isinstance(pool, ArenaPool) else 1)
+        for pk, n in held.items():
+            self.reclaimable[pk] = self.reclaimable.get(pk, 0) + n
+        self.reclaimable_objects += len(objs)
+        self.written[(req.request_id, P)] = (req, held, len(objs))
+
+    def _resolved(self, req, P):
+        """Point P was captured or rejected: its room is no longer reclaimable."""
+        entry = self.written.pop((req.request_id, P), None)
+        if entry is not None:
+            for pk, n in entry[1].items():
+                self.reclaimable[pk] -= n
+            self.reclaimable_objects -= entry[2]
 
     def capture(self, req, P):
         """The commit ended at P: copy the working state into P's objects and seal them."""
+        self._resolved(req, P)
         for o in req.snapshots[P]:
             pool = self.pools[(o.ref.kind, o.ref.group)]
             g = self.layout.group(o.ref.group)
@@ -176,24 +204,30 @@ class Snapshots:
         else:
             req.sealed_points.remove(P)
 
-    def pending(self, requests, arena):
-        """Every written, not yet captured point of ``requests`` (Request), in the order to
-        abandon them (the least worth keeping first, ``priority``): (request, P, pool key ->
-        what its live objects hold: pages in ``arena`` mode, else blocks; its live objects,
-        each in transit while WRITING)."""
-        out = []
+    def pending(self):
+        """Every written, not yet captured point, in the order to abandon them (the least
+        worth keeping first, ``priority``): (request, P)."""
+        order = sorted(self.written, reverse=True, key=lambda rp: self.priority(
+            rp[1], self.written[rp][0].snapshot_tags.get(rp[1], set())))
+        return [(self.written[rp][0], rp[1]) for rp in order]
+
+    def check(self, requests):
+        """Problems (empty list = sound): the reclaimable room is what the requests' pending
+        points hold."""
+        held, objects, bad = {}, 0, []
         for req in requests:
             for P in req.pending_points:
-                held, n = {}, 0
                 for o in req.snapshots.get(P, ()):
-                    if o.live(self.pools):
-                        n += 1
-                        pk, pool = (o.ref.kind, o.ref.group), self.pools[(o.ref.kind, o.ref.group)]
-                        held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
-                                                      if arena else 1)
-                out.append((self.priority(P, req.snapshot_tags.get(P, set())), req, P, held, n))
-        out.sort(key=lambda x: x[0], reverse=True)
-        return [x[1:] for x in out]
+                    pk, pool = (o.ref.kind, o.ref.group), self.pools[(o.ref.kind, o.ref.group)]
+                    if not o.live(self.pools):
+                        bad.append(("pending-dead", req.request_id, P, o.ref))
+                    held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
+                                                  if isinstance(pool, ArenaPool) else 1)
+                    objects += 1
+        if {pk: n for pk, n in self.reclaimable.items() if n} != held or \
+                objects != self.reclaimable_objects:
+            bad.append(("reclaimable", self.reclaimable, held, self.reclaimable_objects, objects))
+        return bad
 
     def abandon(self, req, P):
         """A written point no commit captured yet is given up (its allocation's room is
@@ -210,6 +244,7 @@ class Snapshots:
 
     def reject(self, req, P):
         """P was passed or abandoned before capture: its objects never become readable."""
+        self._resolved(req, P)
         for o in req.snapshots.pop(P, ()):
             self.evictor.drop(o.ref, "reject")
         req.snapshot_tags.pop(P, None)

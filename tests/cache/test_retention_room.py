@@ -7,7 +7,7 @@ import pytest
 
 from hybridkv.cache import CacheManager
 from hybridkv.cache.snapshots import Snapshots
-from hybridkv.errors import AdmissionRefused
+from hybridkv.errors import AdmissionRefused, InvariantViolation
 from tests.cache.helpers import LAY, P40, commit_all, fingerprint
 
 Q = [(11 * i + 5) % 250 for i in range(80)]
@@ -136,3 +136,30 @@ def test_an_abandoned_point_waiting_for_its_tokens_is_never_published():
     m.free("C")
     m.free("D")
     m.check_invariants()
+
+
+def test_written_snapshots_count_as_room_until_a_commit_resolves_them():
+    """What an allocation could take now includes what written, uncaptured snapshots hold
+    (an allocation short of room takes it): vLLM's free block count stays put when they are
+    captured and become evictable."""
+    m, a = _pending(70)
+    room = m.snapshots.reclaimable
+    pages = sum(m.pools[(o.ref.kind, o.ref.group)].pages_held_by(o.ref.block)
+                for P in a.checkpoints for o in m.requests["C"].snapshots[P])
+    assert sum(room.values()) == pages > 0
+    assert m.snapshots.reclaimable_objects == sum(
+        len(m.requests["C"].snapshots[P]) for P in a.checkpoints)
+    free_or_evictable = m.arena.available(m.pools, m.evictor)
+    assert set(m.available_blocks().values()) == {free_or_evictable + pages}
+    commit_all(m, "C", a)
+    assert not any(m.snapshots.reclaimable.values()) and not m.snapshots.reclaimable_objects
+    assert not m.snapshots.written
+    m.check_invariants()
+
+
+def test_a_reclaimable_count_that_drifts_is_caught():
+    m, _ = _pending(70)
+    m.check_invariants()
+    m.snapshots.reclaimable_objects += 1
+    with pytest.raises(InvariantViolation):
+        m.check_invariants()

@@ -52,8 +52,10 @@ class Hook:
 def state(m):
     """Everything eviction and admission touch, in a comparable form."""
     ev, ix, lv = m.evictor, m.index, m.evictor.liveness
-    pools = {pk: (tuple(p.recs), p.n_free, sorted(b for b in p.free if p.is_free[b]))
-             for pk, p in m.pools.items()}
+    pools = {pk: (tuple(p.recs), p.n_free, sorted({b for b in p.free if p.is_free[b]}))
+             for pk, p in m.pools.items()}    # the free list is lazy: a block freed, taken and
+    # freed again can be listed twice, and the two orders of events list it a different
+    # number of times; the free blocks are the same
     index = ({pk: {b: (e.key, e.exact, e.parent, frozenset(e.children),
                        frozenset(e.anchored)) for b, e in ents.items()}
               for pk, ents in ix.entries.items()},

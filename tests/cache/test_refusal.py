@@ -55,17 +55,17 @@ def test_a_cached_block_with_a_live_descendant_is_blocked_not_available():
 
 def test_refused_first_allocation_changes_nothing_and_the_retry_works():
     m = recomputed_behind_a_publisher()
-    m.lookup("C", Q[:8])
+    m.lookup("C", Q[:24])
     before = observe(m)
     with pytest.raises(AdmissionRefused) as e:
-        m.allocate("C", 8)
+        m.allocate("C", 24)
     assert e.value.value                                  # names the short pool
     assert observe(m) == before
     with pytest.raises(AdmissionRefused):                 # the same refusal, no AttributeError
-        m.allocate("C", 8)
+        m.allocate("C", 24)
     assert observe(m) == before
     m.free("A")
-    a = m.allocate("C", 8)                                # room once A's chain is cached
+    a = m.allocate("C", 24)                                # room once A's chain is cached
     commit_all(m, "C", a)
     m.free("C")
     m.check_invariants()
@@ -76,10 +76,10 @@ def test_seeded_old_counting_evicts_before_refusing(monkeypatch):
     old_counting(monkeypatch)
     m = recomputed_behind_a_publisher()
     m.checked = False
-    m.lookup("C", Q[:8])
+    m.lookup("C", Q[:24])
     before = fingerprint(m)
     with pytest.raises(AdmissionRefused):
-        m.allocate("C", 8)
+        m.allocate("C", 24)
     assert fingerprint(m) != before
 
 

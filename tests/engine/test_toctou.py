@@ -51,7 +51,7 @@ def test_launch_refuses_a_block_moved_after_the_plan_and_output_stays_cold():
         [P + [1, 2, 3]], 4)
 
 
-def _two_in_one_step(engine_cls, blocks=9):
+def _two_in_one_step(engine_cls, blocks=8):
     """B's plan hits P's cached blocks; A, admitted before B in the same step, needs room and
     evicts them before B's allocation pins them."""
     cache = warm_cache(blocks, checked=engine_cls is Engine)

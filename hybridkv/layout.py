@@ -1,7 +1,8 @@
 """Model layout: explicit layer groups, the pools each group needs, and ``objects_at(H)``.
 
 A ``LayerGroup`` is a set of layers with one attention kind that share block tables:
-``swa`` (sliding window only), ``csa`` (ratio-m compression with overlap, optional lightning
+``swa`` (sliding window only; with ``chunk`` chunked-local attention: a query reads its own
+chunk, the window is the chunk), ``csa`` (ratio-m compression with overlap, optional lightning
 indexer), ``hca`` (ratio-m' compression, no overlap) or ``full`` (paged attention over every
 token: a compressed chain of ratio 1 with no window, as in homogeneous models and the full
 layers of full+SWA hybrids).  Object kinds per group (spec kinds): ``swa`` for every group with
@@ -31,6 +32,7 @@ from typing import NamedTuple
 
 from hybridkv.errors import LayoutError, LayoutWarning
 from spec.funnel import GPU_BLOCK_ALIGN, pool_abi
+from spec.swa import first_read as swa_first_read
 
 KINDS = ("comp", "tail", "swa", "idx")       # spec.state.KINDS order
 CHAIN_KINDS = ("comp", "idx")                # kinds with shared chain blocks
@@ -56,6 +58,21 @@ class LayerGroup(NamedTuple):
     head_dim: int = 16
     idx_dim: int = 0          # > 0: the group has a lightning indexer
     dtype: str = "float32"
+    chunk: int = 0            # > 0 (an swa group, window == chunk): chunked-local attention
+
+    def first_read(self, H):
+        """The oldest position a resume at H needs of the window (spec.swa.first_read)."""
+        return swa_first_read(H, self)
+
+    def oldest_read(self, L):
+        """The oldest position a query at L or later reads: L - W + 1 under a sliding window,
+        L's chunk start under chunked-local attention (a window page holds one chunk)."""
+        return L - L % self.chunk if self.chunk else L - self.window + 1
+
+    def slide_at(self, X):
+        """The least settled position L from which no query reads below X (``oldest_read``
+        reaches X)."""
+        return ceil_div(X, self.chunk) * self.chunk if self.chunk else X + self.window - 1
 
     @property
     def compressed(self):
@@ -115,6 +132,10 @@ def _check_group(g):
         raise LayoutError("an hca group has no overlap and no indexer", g)
     if g.kind == "csa" and g.overlap not in (0, g.ratio):
         raise LayoutError("csa overlap is 0 or the ratio", g.overlap)
+    _pos_int(f"{g.name}.chunk", g.chunk, 0)
+    if g.chunk and (g.kind != "swa" or g.window != g.chunk):
+        raise LayoutError("chunked-local attention is an swa group whose window is the chunk",
+                          (g.name, g.kind, g.window, g.chunk))
 
 
 class ModelLayout:

@@ -11,6 +11,7 @@ class SysConfig(NamedTuple):
     ratio: int = 2      # compression ratio m
     overlap: int = 2    # CSA overlap rows (m for CSA, 0 for HCA)
     window: int = 2     # SWA window W
+    chunk: int = 0      # > 0: chunked-local attention, a query reads its own chunk (W = chunk)
     granule: int = 1    # hash granule: GCD of the groups' block sizes
     blk_comp: int = 1   # per-group block sizes (tokens): a group's cached state is reusable
     blk_tail: int = 1   #   at H only on its block boundary or at a checkpoint taken exactly

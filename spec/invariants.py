@@ -1,7 +1,7 @@
 """The invariants (DESIGN §5), stated on the abstract state independently of the guards
 that are meant to keep them, plus the auxiliary facts induction needs (``well_formed``)."""
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING, tail_need
-from spec.dual import And, Div, Implies, Items, Max, Mod, Not, Or
+from spec.dual import And, Div, If, Implies, Items, Max, Mod, Not, Or
 from spec.funnel import DISK_ALIGN
 from spec.state import (D_CORRUPT, D_LOADING, D_VERIFIED, HELD, KIND_MODULES, KINDS, RUNNING,
                         ctx, holders, inflight, loaders, refs_of)
@@ -14,7 +14,8 @@ def _sound_at(k, o, H, s, c):
     need = {
         COMP: lambda: [o.closed >= Div(H, c.ratio)],
         TAIL: lambda: [o.h == H, o.rows == tail_need(H, c.ratio, c.overlap)],
-        SWA: lambda: [o.lo <= Max(0, H - c.window), o.hi >= H],
+        SWA: lambda: [o.lo <= If(c.chunk > 0, H - Mod(H, Max(c.chunk, 1)),  # its chunk
+                                 Max(0, H - c.window)), o.hi >= H],
         IDX: lambda: [o.h == H, o.synced == H, o.iv == s.miv],
     }[k]()
     # a group's cached state is identified block by block: off its block boundary only a

@@ -1,12 +1,14 @@
 """SWA window: raw per-token KV of the last W tokens, valid on the interval [lo, hi).
 
 Window churn frees the oldest rows of an unpinned window (``slide``), so validity is always
-judged against the resume point: [H-W, H) must lie inside [lo, hi).
+judged against the resume point: [first_read(H), H) must lie inside [lo, hi), where
+first_read(H) is H - W under a sliding window and the start of H's chunk under chunked-local
+attention (``c.chunk`` > 0: a query reads its own chunk only; W is the chunk).
 """
 from typing import NamedTuple
 
 from spec.common import FREE, memory_machine
-from spec.dual import And, Max
+from spec.dual import And, If, Max, Mod
 
 
 class SwaRec(NamedTuple):
@@ -25,7 +27,7 @@ class SwaRec(NamedTuple):
         return dict(hi=p, lo=p)
 
     def completed(self, c):
-        return dict(lo=Max(0, self.hi - c.window))
+        return dict(lo=first_read(self.hi, c))
 
 
 def can_seal(o, c):
@@ -44,8 +46,14 @@ def slide(o, c):
     return o._replace(lo=o.lo + 1, ver=o.ver + 1)
 
 
+def first_read(H, c):
+    """The oldest row a resume at H needs: H - W (sliding window), the start of H's chunk
+    (chunked-local attention, ``c.chunk`` > 0)."""
+    return If(c.chunk > 0, H - Mod(H, Max(c.chunk, 1)), Max(0, H - c.window))
+
+
 def covers(o, H, c):
-    return And(o.hi >= H, o.lo <= Max(0, H - c.window))
+    return And(o.hi >= H, o.lo <= first_read(H, c))
 
 
 def checkpoint(o):

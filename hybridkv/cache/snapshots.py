@@ -125,7 +125,7 @@ class Snapshots:
             g = self.layout.group(o.ref.group)
             work, b, filed = req.work[g.name], o.ref.block, len(self.copies)
             if o.ref.kind == "swa":
-                self._window(pool, b, work, P, g.window)
+                self._window(pool, b, work, P, g)
             elif o.ref.kind == "tail":
                 self._copy(pool, b, work.tail.ref.block)
             elif o.ref.kind == "comp":
@@ -143,9 +143,13 @@ class Snapshots:
         req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
         req.sealed_points.append(P)
 
-    def _window(self, pool, b, work, P, W):
-        """Rows [P - W, P) in ring order (row = position mod W) from the window pages."""
-        lo_page, hi_page, cut = max(0, P - W) // W, (P - 1) // W, P % W
+    def _window(self, pool, b, work, P, g):
+        """Rows [first_read(P), P) in ring order (row = position mod W) from the window pages
+        (none: P starts a chunk)."""
+        W, lo = g.window, g.first_read(P)
+        if lo == P:
+            return
+        lo_page, hi_page, cut = lo // W, (P - 1) // W, P % W
         page = lambda j: work.pages[j - work.first_page].ref.block     # noqa: E731
         if lo_page == hi_page:
             self._copy(pool, b, page(lo_page))

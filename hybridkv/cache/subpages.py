@@ -44,10 +44,12 @@ class WindowSubPages:
     def __init__(self, layout, pools):
         self.layout = layout
         self.multi = {}          # group name -> (its swa pool, W, k) where k > 1
+        self.groups = {}         # group name -> its LayerGroup (those in multi)
         for g in layout.groups:
             pool = pools.get(("swa", g.name))
             if pool is not None and pool.pages_per_block > 1:
                 self.multi[g.name] = (pool, g.window, pool.pages_per_block)
+                self.groups[g.name] = g
 
     # -- sizes ----------------------------------------------------------------------------------
     def count(self, req, end, draft_end):
@@ -58,16 +60,18 @@ class WindowSubPages:
             if not draft_end:
                 continue
             sb = W // k
-            lo = max(0, H - W) // sb if first else ceil_div(req.num_allocated_tokens, sb)
+            lo = self.groups[name].first_read(H) // sb if first else \
+                ceil_div(req.num_allocated_tokens, sb)
             n = non_slot_subs(lo, ceil_div(draft_end, sb), k)
             if n:
                 need[("swa", name)] = n
         return need
 
     def snapshot_subs(self, group, P):
-        """Sub-pages beyond the slot a window snapshot of ``group`` at P holds."""
+        """Sub-pages beyond the slot a window snapshot of ``group`` at P holds: its rows
+        [first_read(P), P) in ring order start at row 0 or fill the page."""
         _, W, k = self.multi[group]
-        return min(k, ceil_div(P, W // k)) - 1
+        return max(0, ceil_div(P - self.groups[group].first_read(P), W // k) - 1)
 
     def count_snapshots(self, points):
         """pool key -> sub-pages beyond the slots of the window snapshots at ``points``."""
@@ -111,14 +115,14 @@ class WindowSubPages:
                 pool.reach(o.ref.block, list(subs))
 
     def slide(self, req, group, L):
-        """The first window page gives back its sub-pages wholly below L - W + 1."""
+        """The first window page gives back its sub-pages wholly below ``oldest_read(L)``."""
         if group not in self.multi:
             return
         pool, W, k = self.multi[group]
         work = req.work[group]
         if not work.pages:
             return
-        gone = (L - W + 1) // (W // k) - work.first_page * k
+        gone = self.groups[group].oldest_read(L) // (W // k) - work.first_page * k
         b = work.pages[0].ref.block
         for s in range(1, min(k, gone)):
             pool.give_sub(b, s)
@@ -141,4 +145,5 @@ class WindowSubPages:
             return NEVER
         held = pool.sub_pages(work.pages[0].ref.block)
         s = next((s for s in range(1, k) if held[s] != NO_PAGE), None)
-        return NEVER if s is None else work.first_page * W + (s + 1) * (W // k) + W - 1
+        return NEVER if s is None else \
+            self.groups[group].slide_at(work.first_page * W + (s + 1) * (W // k))

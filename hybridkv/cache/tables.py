@@ -88,10 +88,11 @@ class CheckedMachine:
 
 class GroupCtx:
     """What a guard reads besides its record (spec.config.Ctx's fields for one group)."""
-    __slots__ = ("ratio", "overlap", "window", "max_ver", "max_ep", "miv", "kabi", "blocks")
+    __slots__ = ("ratio", "overlap", "window", "chunk", "max_ver", "max_ep", "miv", "kabi",
+                 "blocks")
 
     def __init__(self, g, max_ver=NO_LIMIT, max_ep=NO_LIMIT, miv=0, kabi=0):
-        self.ratio, self.overlap, self.window = g.ratio, g.overlap, g.window
+        self.ratio, self.overlap, self.window, self.chunk = g.ratio, g.overlap, g.window, g.chunk
         self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
         self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
 

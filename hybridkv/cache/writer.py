@@ -71,7 +71,7 @@ class ObjectWriter:
                 add((kind, g.name), ceil_div(draft_end, bs) - max(held, ceil_div(end, bs)))
             if window and draft_end:
                 nxt = ((H - 1) // window + 1 if H else 0) if first else len(tables.swa)
-                restore = nxt - max(0, H - window) // window if first and H else 0
+                restore = nxt - g.first_read(H) // window if first and H else 0
                 add(("swa", g.name), restore + (draft_end - 1) // window + 1 - nxt)
             for kind in working:
                 add((kind, g.name), first + (draft_end > end))
@@ -94,7 +94,7 @@ class ObjectWriter:
                            self.subpages.reached_end(g.name, A))
                 event = min(event, self.subpages.next_slide(req, g.name))
                 if work.pages:
-                    event = min(event, (work.first_page + 2) * window - 1)
+                    event = min(event, g.slide_at((work.first_page + 1) * window))
         for dq in req.chain.values():
             if dq:
                 event = min(event, dq[0].at)
@@ -138,13 +138,13 @@ class ObjectWriter:
                     self._restore(work.itail, exact[("idx", g.name)])
             if "swa" in g.kinds and H:
                 W = g.window
-                first, last = max(0, H - W) // W, (H - 1) // W
+                first, last = g.first_read(H) // W, (H - 1) // W   # none: an empty chunk
                 tables.swa.extend([-1] * first)
                 work.first_page = first
                 for j in range(first, last + 1):
                     o = self._page(req, g, j)
                     self._restore(o, exact[("swa", g.name)])
-                self.subpages.reach(req, g.name, max(0, H - W), H)
+                self.subpages.reach(req, g.name, g.first_read(H), H)
 
     def _restore(self, o, src):
         pool = self.pools[(o.ref.kind, o.ref.group)]
@@ -365,13 +365,14 @@ class ObjectWriter:
         req.reads.extend([Read(o.ref, o.at, v, e) for o, v, e in zip(sealed, vers, eps)])
 
     def slide(self, req, L):
-        """Release window pages no later query reads (positions < L - W + 1)."""
+        """Release window pages no later query reads (positions below ``g.oldest_read(L)``:
+        L - W + 1, or L's chunk start)."""
         for g in self.layout.groups:
             if "swa" not in g.kinds:
                 continue
             work, tables, W = req.work[g.name], req.tables[g.name], g.window
             gone = []
-            while work.pages and (work.first_page + 1) * W <= L - W + 1:
+            while work.pages and (work.first_page + 1) * W <= g.oldest_read(L):
                 gone.append(work.pages.popleft().ref.block)
                 tables.swa[work.first_page] = -1
                 work.first_page += 1

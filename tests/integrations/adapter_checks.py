@@ -195,7 +195,8 @@ def test_a_window_takes_its_block_ids_as_positions_reach_them():
     free = kv.num_free_blocks()
     got = kv.allocate_slots(a, 16)
     assert got is not None and len(got.get_block_ids()[0]) == 1
-    assert free - kv.num_free_blocks() == 2      # that block, the snapshot at 16's one
+    assert free - kv.num_free_blocks() == 1      # that block (the snapshot at 16, written and
+    assert kv.cache.snapshots.reclaimable_objects == 1     # not captured, is room still)
     a.num_computed_tokens = 16
     assert kv.ids_needed("a", 16) == 1           # one more block, not the page's other 3
     assert kv.coordinator.get_num_blocks_to_allocate("a", 32) == 1
@@ -378,3 +379,26 @@ def test_a_decode_keeps_its_end_once_per_scheduler_block():
         b = req("b", list(range(40)) + [1000 + t for t in range(30)] + [5, 6, 7])
         hits[block] = kv.get_computed_blocks(b)[1]
     assert hits == {4: 68, BS: 64}
+
+
+def test_chunked_local_attention_gives_back_the_chunks_before_the_current_one():
+    """ChunkedLocalAttentionSpec: a query reads its own chunk, so once 100 positions ran the
+    blocks of chunks 0-2 (positions < 96) are null, as in vLLM; a chunk that is not a multiple
+    of the block keeps the last W' positions (a superset)."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    def chunked(size):
+        return ChunkedLocalAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
+                                         dtype=torch.float32, attention_chunk_size=size)
+    g = ModelLayout.from_vllm(config(64, chunked(32))).groups[0]
+    assert (g.kind, g.window, g.chunk) == ("swa", 32, 32)
+    g = ModelLayout.from_vllm(config(64, chunked(40))).groups[0]
+    assert (g.window, g.chunk) == (48, 0)
+    kv = manager(64, chunked(32))
+    a = request("a", list(range(100)))
+    assert kv.allocate_slots(a, 100) is not None
+    a.num_computed_tokens = 100
+    a.append_output_token_ids(7)
+    assert kv.allocate_slots(a, 1) is not None
+    ids = kv.get_block_ids("a")[0]
+    assert ids[:6] == [0] * 6 and 0 not in ids[6:]

@@ -200,3 +200,37 @@ def test_cli_json_fast():
         assert r["result"] == "proven" and r["inductive"] is True and r["depth"] == 2
     assert j["unreachable_actions"] == []
     assert set(j["mutations"]) == {"killed", "total", "survivors"}
+
+
+CHUNKED = FAST._replace(window=4, chunk=4)   # chunked-local windows: a query reads its chunk
+
+
+def _covers_one_past_the_chunk_start(o, H, c):
+    """Seeded bug: a resume accepts a chunked window that slid one row past its chunk start
+    (the query at H reads that row)."""
+    from spec.dual import And
+    from spec.swa import first_read
+    return And(o.hi >= H, o.lo <= first_read(H, c) + 1)
+
+
+def test_chunked_windows_are_proven_and_a_seeded_bug_is_found():
+    """The invariants hold over chunked-local windows (BMC, and the strengthening is
+    inductive); under a resume rule off by one row of the chunk the strengthening breaks at a
+    lookup: a one-step CTI reproduced with the bug and not without it."""
+    from spec import swa
+    e = Encoding(CHUNKED)
+    res = run_bmc(e, INVARIANTS, 3, aux=AUX)
+    assert res.reached == 3 and not [r.name for r in res.invariants if r.violated]
+    props = {**INVARIANTS, **AUX}
+    bad = [r.name for r in induction_step(e, props, 1) if not r.inductive]
+    assert not bad, bad
+    real = swa.covers.__code__
+    swa.covers.__code__ = _covers_one_past_the_chunk_start.__code__
+    try:
+        ctis = [r.cti for r in induction_step(Encoding(CHUNKED), props, 1) if not r.inductive]
+        assert ctis
+        assert [st["action"] for st in ctis[0]["steps"]] == ["lookup"]
+        assert tr.replay(ctis[0], props).reproduced
+    finally:
+        swa.covers.__code__ = real
+    assert not tr.replay(ctis[0], props).reproduced

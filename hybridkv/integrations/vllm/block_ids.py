@@ -58,7 +58,7 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
         p = b * bs
         slot = tables.swa[p // W] if p // W < len(tables.swa) else -1
         if slot >= 0 and p < hit and window_slot is not None:
-            slot = window_slot if p + bs > hit - W else -1
+            slot = window_slot if p + bs > g.first_read(hit) else -1
         if slot < 0:
             out.append(NULL_BLOCK_ID)
             continue
@@ -76,5 +76,5 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     if g.kind == "full":
         return [vllm_id(s) for s in chain_slots[:hit // bs]]
     pages = pages_of(window_slot) if window_slot is not None else ()
-    return [sub_id(pages, p % g.window // bs) if p + bs > hit - g.window and pages
+    return [sub_id(pages, p % g.window // bs) if p + bs > g.first_read(hit) and pages
             else NULL_BLOCK_ID for p in range(0, hit - hit % bs, bs)]

@@ -7,9 +7,11 @@ One vLLM ``KVCacheGroupSpec`` becomes one hybridkv ``LayerGroup`` named ``g<i>``
   SlidingWindowSpec   -> ``swa``: window pages of W' = sliding_window rounded up to a multiple
                          of block_size (a page is W'/block_size vLLM blocks; keeping W' >= W
                          rows is a superset of what the window reads)
-  ChunkedLocalAttentionSpec -> ``swa`` with W' = the chunk size rounded up: a query reads its
-                         own chunk so far, fewer than W' positions before it (a superset again:
-                         hybridkv keeps the last W' positions where vLLM keeps the chunk)
+  ChunkedLocalAttentionSpec -> ``swa`` with chunked-local attention (``LayerGroup.chunk``,
+                         W = the chunk) when the chunk is a multiple of block_size: a query
+                         reads its own chunk so far, so a window page holds one chunk and the
+                         blocks of the chunks before it are given back as in vLLM; another
+                         chunk size keeps the last W' positions (rounded up: a superset)
   MLAAttentionSpec    -> ``full`` (a chain of ``comp`` blocks): a block holds block_size /
                          tokens_per_state compressed entries, every one final once the block's
                          last token is computed (block_size a multiple of tokens_per_state);
@@ -78,7 +80,9 @@ def group_of(i, spec):
     bs = spec.block_size
     if name in WINDOWED:
         window = getattr(spec, WINDOWED[name])
-        return LayerGroup(f"g{i}", "swa", (i,), bs, ceil_div(window, bs) * bs, head_dim=1)
+        chunk = window if name == "ChunkedLocalAttentionSpec" and window % bs == 0 else 0
+        return LayerGroup(f"g{i}", "swa", (i,), bs, ceil_div(window, bs) * bs, head_dim=1,
+                          chunk=chunk)
     return LayerGroup(f"g{i}", "full", (i,), bs, 0, head_dim=1)
 
 

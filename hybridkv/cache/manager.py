@@ -253,7 +253,7 @@ class CacheManager:
         subs = self.subpages.count(req, end, draft_end)
         if not self.admission.fits(need, protect, subs):  # O(pools): before any per-block work
             self._abandon_pending(need, protect, subs)
-        self.admission.check(need, protect, subs)
+            self.admission.check(need, protect, subs)     # refuses what still does not fit
         points, need, subs = self._points_that_fit(req, start, end, draft_end, need, subs,
                                                    protect)
         restored, self.writer.copies = self.writer.restored_bytes, []

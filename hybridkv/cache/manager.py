@@ -294,11 +294,18 @@ class CacheManager:
         if not points:
             return points, need, subs
         order = sorted(points, key=lambda P: self.snapshots.priority(P, points[P]))
+        point_need = [self.snapshots.count((P,)) for P in order]      # once per point
+        point_subs = [self.subpages.count_snapshots((P,)) for P in order]
 
         def sized(k):
-            kept = {P: points[P] for P in sorted(order[:k])}
-            return kept, self.writer.blocks_needed(req, end, draft_end, kept), \
-                merged(subs, self.subpages.count_snapshots(kept))
+            """The first k points of ``order``, the allocation's blocks and sub-pages with
+            theirs (what blocks_needed and count_snapshots give for them: sums per point)."""
+            need_k, subs_k = dict(need), dict(subs)
+            for more, into in ((point_need, need_k), (point_subs, subs_k)):
+                for counts in more[:k]:
+                    for pk, n in counts.items():
+                        into[pk] = into.get(pk, 0) + n
+            return {P: points[P] for P in sorted(order[:k])}, need_k, subs_k
 
         def fits(k):
             if not k:

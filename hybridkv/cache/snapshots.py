@@ -95,15 +95,20 @@ class Snapshots:
                 publish(req, o, True)
             self._held(req, P, objs)
 
-    def _held(self, req, P, objs):
-        """Point P's objects are written: what they hold joins the reclaimable room (pages in
-        arena mode, else blocks) until a commit captures or rejects them."""
+    def _room(self, objs):
+        """pool key -> what ``objs`` hold: pages in arena mode, else blocks."""
         held = {}
         for o in objs:
             pk = (o.ref.kind, o.ref.group)
             pool = self.pools[pk]
             held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
                                           if isinstance(pool, ArenaPool) else 1)
+        return held
+
+    def _held(self, req, P, objs):
+        """Point P's objects are written: what they hold joins the reclaimable room until a
+        commit captures or rejects them."""
+        held = self._room(objs)
         for pk, n in held.items():
             self.reclaimable[pk] = self.reclaimable.get(pk, 0) + n
         self.reclaimable_objects += len(objs)
@@ -218,16 +223,14 @@ class Snapshots:
     def check(self, requests):
         """Problems (empty list = sound): the reclaimable room is what the requests' pending
         points hold."""
-        held, objects, bad = {}, 0, []
+        objs, bad = [], []
         for req in requests:
             for P in req.pending_points:
                 for o in req.snapshots.get(P, ()):
-                    pk, pool = (o.ref.kind, o.ref.group), self.pools[(o.ref.kind, o.ref.group)]
                     if not o.live(self.pools):
                         bad.append(("pending-dead", req.request_id, P, o.ref))
-                    held[pk] = held.get(pk, 0) + (pool.pages_held_by(o.ref.block)
-                                                  if isinstance(pool, ArenaPool) else 1)
-                    objects += 1
+                    objs.append(o)
+        held, objects = self._room(objs), len(objs)
         if {pk: n for pk, n in self.reclaimable.items() if n} != held or \
                 objects != self.reclaimable_objects:
             bad.append(("reclaimable", self.reclaimable, held, self.reclaimable_objects, objects))

@@ -54,14 +54,21 @@ def test_dense_points_short_of_room_keep_the_latest():
     m.check_invariants()
 
 
+def _refused_changes_nothing(m, rid, tokens, n):
+    """``rid`` looks ``tokens`` up and its allocation of n is refused: the whole state and the
+    retention counters are as before."""
+    m.lookup(rid, tokens)
+    counters = ("snapshots_skipped", "snapshots_abandoned")
+    before = fingerprint(m), [m.stats()[k] for k in counters]
+    with pytest.raises(AdmissionRefused):
+        m.allocate(rid, n)
+    assert (fingerprint(m), [m.stats()[k] for k in counters]) == before
+
+
 def test_the_allocation_itself_short_is_refused_and_changes_nothing():
     m = _busy(num_pages=64)
     m.free("C")
-    m.lookup("C", Q)
-    before = fingerprint(m), m.stats()["snapshots_skipped"]
-    with pytest.raises(AdmissionRefused):
-        m.allocate("C", 100)
-    assert (fingerprint(m), m.stats()["snapshots_skipped"]) == before
+    _refused_changes_nothing(m, "C", Q, 100)
 
 
 def test_priority_order():
@@ -103,11 +110,7 @@ def test_an_allocation_short_of_room_abandons_pending_snapshots_least_worth_firs
 def test_abandoning_every_pending_snapshot_would_not_do_so_nothing_changes():
     m, a = _pending(40)
     m.free("D")
-    m.lookup("D", R)
-    before = fingerprint(m), m.stats()["snapshots_abandoned"]
-    with pytest.raises(AdmissionRefused):
-        m.allocate("D", 80)
-    assert (fingerprint(m), m.stats()["snapshots_abandoned"]) == before
+    _refused_changes_nothing(m, "D", R, 80)
     assert m.requests["C"].pending_points == list(a.checkpoints)
 
 

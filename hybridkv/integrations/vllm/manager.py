@@ -34,8 +34,8 @@ from hybridkv.integrations.vllm.deferred import DeferredFrees
 from hybridkv.integrations.vllm.events import VllmEvents
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
-from hybridkv.integrations.vllm.specs import (UnsupportedSpec, resume_every, every_n,
-                                              layout_from_vllm)
+from hybridkv.integrations.vllm.specs import (UnsupportedSpec, every_n, layout_from_vllm,
+                                              resume_every)
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, TranslatedIds,
                                                   UnusedArgs, known_positions, salt_of)
 from hybridkv.layout import ceil_div

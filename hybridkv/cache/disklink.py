@@ -105,7 +105,8 @@ class DiskLink:
         g0 = self.mgr.layout.groups[0]
         kind = next(k for k in ("swa", "tail", "idx", "comp") if k in g0.kinds)
         index = self.mgr.index
-        return frozenset(i for i in range(1, limit + 1) if keys[i - 1] not in index.ckpts and (
+        return frozenset(i for i in range(1, limit + 1)
+                         if not index.has_checkpoint(keys[i - 1]) and (
             index.exact_block(kind, g0.name, keys[i - 1]) is not None or
             self.key_for(kind, g0.name, keys[i - 1], True) in self.known))
 

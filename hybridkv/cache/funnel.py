@@ -19,6 +19,7 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
 from itertools import compress, repeat
+from operator import or_
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -242,12 +243,16 @@ def branch_length(layout, runs):
     return min(lens) if lens else 0
 
 
-def candidate_positions(keys, limit, gran, ckpts, on_disk):
+def candidate_positions(keys, limit, gran, ckpts, on_disk, ends=None):
     """Positions i * gran (i <= limit), longest first, whose chain key has a checkpoint record
-    or whose granule ``on_disk`` names, as an iterator: the membership scan runs at C speed
-    (compress over ``ckpts.__contains__``) and only as far as the caller takes positions; the
-    disk's few granules merged in."""
-    recorded = compress(range(limit, 0, -1), map(ckpts.__contains__, reversed(keys[:limit])))
+    (in ``ckpts``, or in ``ends``: the chain map whose blocks record their ends,
+    PrefixIndex.ends) or whose granule ``on_disk`` names, as an iterator: the membership scan
+    runs at C speed (compress over ``__contains__``) and only as far as the caller takes
+    positions; the disk's few granules merged in."""
+    flags = map(ckpts.__contains__, reversed(keys[:limit]))
+    if ends is not None:
+        flags = map(or_, flags, map(ends.__contains__, reversed(keys[:limit])))
+    recorded = compress(range(limit, 0, -1), flags)
     if not on_disk:
         return map(gran.__mul__, recorded)
     extra = [i for i in on_disk if 1 <= i <= limit]
@@ -265,7 +270,7 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     cands = []                 # the positions tried, longest first, up to the first that passes
     group_hits = {g.name: 0 for g in layout.groups}
     rejections, passes, chosen, disk_at = [], [], (), None
-    for H in candidate_positions(keys, limit, gran, ckpts, on_disk):
+    for H in candidate_positions(keys, limit, gran, ckpts, on_disk, index.ends):
         cands.append(H)
         key = keys[H // gran - 1]
         oks, reads, deferred, only_disk = [], [], [], True

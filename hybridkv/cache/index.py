@@ -14,6 +14,11 @@ counts a block's cached children (eviction takes leaves before their ancestors).
 record at H hangs from (``anchors``) the deepest chain block of every chain pool below H; when an
 anchor or one of its exact objects goes, the checkpoint can never be reached again: the record is
 dropped and what only it could reach is reported dead (reclaimed first).
+
+Block ends.  On a layout with one chain pool and no exact object at any block end (full
+attention) a checkpoint at a block end consists of the chain blocks alone: it exists exactly
+while the chain block ending there is published, so the chain map is its record
+(``ends_pool``; ``has_checkpoint``) and no Checkpoint is filed per block.
 """
 import hashlib
 from array import array
@@ -87,6 +92,18 @@ def extend_chain(keys, root, tokens, granule):
     return keys
 
 
+def _ends_pool(layout):
+    """The one chain pool when a layout has exactly one and no exact object at any of its
+    block ends (a checkpoint there is the chain blocks alone), else None."""
+    pools = layout.chain_pools()
+    if len(pools) != 1:
+        return None
+    bs = layout.group(pools[0][1]).block_size
+    if any(layout.exact_kinds(j * bs) for j in range(1, layout.lcm // bs + 1)):
+        return None
+    return pools[0]
+
+
 class PrefixIndex:
     """Object maps per (kind, group), checkpoint records by chain key, tree relations."""
 
@@ -98,6 +115,10 @@ class PrefixIndex:
         self.exact = {pk: {} for pk in pks}        # chain key at H -> block
         self.entries = {pk: {} for pk in pks}      # block -> _Entry
         self.ckpts = {}                            # chain key -> Checkpoint
+        self.ends_pool = _ends_pool(layout)        # its chain map records its block ends
+        self.ends = None if self.ends_pool is None else self.chain[self.ends_pool]
+        self._ends_bs = 0 if self.ends_pool is None else \
+            layout.group(self.ends_pool[1]).block_size
 
     # -- queries ---------------------------------------------------------------------------
     def chain_block(self, kind, group, key):
@@ -153,6 +174,18 @@ class PrefixIndex:
                 return None
         return anchors
 
+    def has_checkpoint(self, key):
+        """A checkpoint is recorded under chain key ``key`` (filed, or a block end of
+        ``ends_pool``: its published chain block)."""
+        return key in self.ckpts or (self.ends is not None and key in self.ends)
+
+    def num_checkpoints(self):
+        return len(self.ckpts) + (0 if self.ends is None else len(self.ends))
+
+    def block_end(self, H):
+        """A checkpoint at H is a block end of ``ends_pool`` (its chain block records it)."""
+        return self._ends_bs > 0 and H % self._ends_bs == 0
+
     def parent(self, ref):
         """The block (an ObjRef in the same pool) that published block ``ref`` hangs from."""
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
@@ -165,7 +198,9 @@ class PrefixIndex:
         e = self.entries[(ref.kind, ref.group)].get(ref.block)
         if e is None:
             return False
-        return e.key in self.ckpts if e.exact else bool(e.children or e.anchored)
+        if e.exact:
+            return e.key in self.ckpts
+        return bool(e.children or e.anchored) or (ref.kind, ref.group) == self.ends_pool
 
     def __len__(self):
         return sum(len(m) for m in self.entries.values())
@@ -204,7 +239,10 @@ class PrefixIndex:
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
-        when one is already recorded under this key or an anchor is not published."""
+        when one is already recorded under this key or an anchor is not published (a block
+        end of ``ends_pool`` is recorded by its chain block: nothing is filed)."""
+        if self.block_end(H):
+            return False
         if key in self.ckpts or any(a.block not in self.entries[(a.kind, a.group)]
                                     for a in anchors):
             return False
@@ -214,7 +252,10 @@ class PrefixIndex:
     def add_block_ends(self, kind, group, blocks, keys, ends):
         """``add_checkpoint`` at the end of each chain block ``blocks`` (just published under
         ``keys``, so no anchor check), where that block is the checkpoint's one anchor (a
-        layout with one chain pool and nothing exact at block ends)."""
+        layout with one chain pool and nothing exact at block ends): nothing to file when
+        that pool is ``ends_pool``."""
+        if (kind, group) == self.ends_pool:
+            return
         ckpts, refs = self.ckpts, self.refs[(kind, group)]
         for b, key, H in zip(blocks, keys, ends):
             if key not in ckpts:
@@ -263,7 +304,7 @@ class PrefixIndex:
                 pe.children = _removed(pe.children, b)
                 if not pe.children:
                     leaves.append(e.parent)
-                    if not pe.anchored and not pe.exact:
+                    if not pe.anchored and not pe.exact and pk != self.ends_pool:
                         dead.append(e.parent)
         for ck in ([e.key] if e.exact else list(e.anchored)):
             dead += self._kill(ck)
@@ -281,7 +322,7 @@ class PrefixIndex:
             pe = ents.get(p)
             if pe is None or len(pe.children) != 1 or self._kills_in(pk, b, e):
                 return
-            yield p, not pe.anchored and not pe.exact
+            yield p, not pe.anchored and not pe.exact and pk != self.ends_pool
             b, e = p, pe
 
     def _kills_in(self, pk, b, e):
@@ -333,7 +374,7 @@ class PrefixIndex:
             ae = self.entries[(a.kind, a.group)].get(a.block)
             if ae is not None:
                 ae.anchored = _removed(ae.anchored, key)
-                if not ae.children and not ae.anchored:
+                if not ae.children and not ae.anchored and (a.kind, a.group) != self.ends_pool:
                     dead.append(a)
         return dead
 

@@ -661,7 +661,8 @@ class CacheManager:
                           dead=len(self.evictor.dead[(kind, g)]), block_bytes=p.block_nbytes)
             pools[f"{kind}/{g}"] = counts
         out = {"pools": pools, "requests": len(self.requests),
-               "checkpoints": len(self.index.ckpts), "in_transit": self.admission.in_transit(),
+               "checkpoints": self.index.num_checkpoints(),
+               "in_transit": self.admission.in_transit(),
                "cap": self.admission.cap, "indexer_version": self.miv,
                "granule": self.layout.granule,
                "snapshot_bytes_copied": {"restored_on_hit": self.writer.restored_bytes,

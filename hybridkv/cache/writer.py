@@ -319,7 +319,10 @@ class ObjectWriter:
         return filed
 
     def _record(self, req, H, key):
-        """A checkpoint record at H once every chain block it hangs from is published."""
+        """A checkpoint record at H once every chain block it hangs from is published (a
+        block end its chain block records files nothing: PrefixIndex.ends_pool)."""
+        if self.index.block_end(H):
+            return
         anchors = self.index.anchors_at(req.chain_keys, H)
         if anchors is not None:
             self.index.add_checkpoint(H, key, anchors)

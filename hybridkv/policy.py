@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from itertools import repeat
+
+import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 MAX_USES_CLASS = 3
@@ -90,6 +93,14 @@ class _Entry:
         return EntryMeta(self.key, self.kind, self.nbytes, self.flops, self.tag)
 
 
+def _lazy_entry(key, compact) -> _Entry:
+    """The _Entry of a compact one (ValuePolicy._lazy): uses 0, not eligible."""
+    prio, flops, (kind, nbytes, tag) = compact
+    e = _Entry(key, kind, nbytes, flops, tag)
+    e.prio = prio
+    return e
+
+
 class ValuePolicy:
     """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
 
@@ -102,16 +113,24 @@ class ValuePolicy:
         self._now = 0.0
         self.clock = 0.0
         self._e: dict = {}
+        self._lazy: dict = {}     # key -> (prio, flops, (kind, nbytes, tag)): admitted by
+        # admit_chain, untouched since (uses 0, not eligible); moved to _e when touched
         self._heap: list = []
         self._seq = itertools.count()
         self._entered: dict = {}
         self._moved: dict = {}
 
     def __len__(self) -> int:
-        return len(self._e)
+        return len(self._e) + len(self._lazy)
 
     def __contains__(self, key) -> bool:
-        return key in self._e
+        return key in self._e or key in self._lazy
+
+    def entries(self) -> dict:
+        """key -> _Entry of every entry (those admit_chain left compact built as views)."""
+        out = {key: _lazy_entry(key, v) for key, v in self._lazy.items()}
+        out.update(self._e)
+        return out
 
     def _cls(self, e: _Entry) -> tuple:
         uses = e.uses if e.uses < MAX_USES_CLASS else MAX_USES_CLASS
@@ -131,8 +150,15 @@ class ValuePolicy:
     def _get(self, key) -> _Entry:
         e = self._e.get(key)
         if e is None:
-            raise PolicyError("unknown key", key)
+            v = self._lazy.pop(key, None)
+            if v is None:
+                raise PolicyError("unknown key", key)
+            e = self._e[key] = _lazy_entry(key, v)
         return e
+
+    def _prio(self, key) -> float:
+        e = self._e.get(key)
+        return self._lazy[key][0] if e is None else e.prio
 
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
@@ -142,7 +168,7 @@ class ValuePolicy:
             self.eligible(e.key)
 
     def admit(self, meta: EntryMeta, now: float = 0.0) -> None:
-        if meta.key in self._e:
+        if meta.key in self:
             raise PolicyError("duplicate key", meta.key)
         e = _Entry(meta.key, meta.kind, meta.nbytes, meta.flops, meta.tag)
         self._now = now
@@ -153,28 +179,30 @@ class ValuePolicy:
         """``admit(EntryMeta(key, kind, nbytes, f, tag), now)`` of each key and its FLOPs
         ``f`` in order (new entries, none eligible yet; a chain's blocks share kind, size and
         tag): the same entries, priorities and class counts, with no call per entry and no
-        ``EntryMeta``.  Subclasses whose ``_enter`` differs admit one by one.  A duplicate key
-        raises PolicyError before anything changes."""
+        ``EntryMeta``: the priorities computed as one array, each entry kept compact (a
+        tuple, ``_lazy``) until it is touched.  Subclasses whose ``_enter`` differs admit one
+        by one.  A duplicate key raises PolicyError before anything changes."""
         if type(self)._enter is not ValuePolicy._enter:
             for key, f in zip(keys, flops):
                 self.admit(EntryMeta(key, kind, nbytes, f, tag), now)
             return
         if not keys:
             return
-        entries, entered = self._e, self._entered
-        if len(set(keys)) != len(keys) or any(key in entries for key in keys):
+        entered, n = self._entered, len(keys)
+        if len(set(keys)) != n or not (self._e.keys().isdisjoint(keys)
+                                       and self._lazy.keys().isdisjoint(keys)):
             raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
-                                                    if k in entries or k in keys[:i]))
+                                                    if k in self or k in keys[:i]))
         self._now = now
         cls = (kind, tag, 0)
         n0, m1 = entered.get(cls, 0), self._moved.get(cls, 0) + 1.0
-        base, later = self.clock, self.recency * now
-        weight, size, learn = self.flops_weight, max(nbytes, 1), self.learn
-        for i, (key, f) in enumerate(zip(keys, flops)):
-            e = entries[key] = _Entry(key, kind, nbytes, f, tag)
-            p = m1 / (n0 + i + 3.0) if learn else 1.0
-            e.prio = base + p * (max(f, 0.0) / size) ** weight + later
-        entered[cls] = n0 + len(keys)
+        per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / max(nbytes, 1)
+        weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(self.flops_weight)),
+                               np.float64, n)             # Python's pow: the same last bit
+        p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
+        prio = (self.clock + p * weighted) + self.recency * now
+        self._lazy.update(zip(keys, zip(prio.tolist(), flops, repeat((kind, nbytes, tag)))))
+        entered[cls] = n0 + n
 
     def access(self, key, now: float = 0.0) -> None:
         e = self._get(key)
@@ -195,7 +223,8 @@ class ValuePolicy:
         heapq.heappush(self._heap, (e.prio, e.seq, key))
 
     def ineligible(self, key) -> None:
-        self._get(key).seq = -1
+        if key not in self._lazy:             # a compact entry is not eligible
+            self._get(key).seq = -1
 
     def victim(self):
         heap = self._heap
@@ -210,10 +239,15 @@ class ValuePolicy:
     def remove(self, key, evicted: bool = True) -> None:
         e = self._e.pop(key, None)
         if e is None:
-            raise PolicyError("unknown key", key)
-        if evicted and e.prio > self.clock:
-            self.clock = e.prio   # greedy-dual aging: everything left now sits closer to eviction
-        if len(self._heap) > 4 * len(self._e) + 64:
+            v = self._lazy.pop(key, None)
+            if v is None:
+                raise PolicyError("unknown key", key)
+            prio = v[0]
+        else:
+            prio = e.prio
+        if evicted and prio > self.clock:
+            self.clock = prio     # greedy-dual aging: everything left now sits closer to eviction
+        if len(self._heap) > 4 * len(self) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in self._e.items() if x.seq >= 0]
             heapq.heapify(self._heap)
 
@@ -230,10 +264,10 @@ class ValuePolicy:
         top = heapq.heappop(heap)          # keys[0]'s record, put back below
         rival = self.victim()
         heapq.heappush(heap, top)
-        bound = self._e[rival].prio if rival is not None else float("inf")
+        bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
         n = 1
         for key in keys[1:]:
-            if key not in forced and not self._e[key].prio < bound:
+            if key not in forced and not self._prio(key) < bound:
                 break
             n += 1
         return n

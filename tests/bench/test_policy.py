@@ -164,7 +164,7 @@ def test_layout_costs():
         get_layout("v5")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["block", "checkpoint"]), st.sampled_from(["", "t"]),
                           st.integers(0, 10 ** 6), st.integers(1, 4096)), max_size=30),
        st.integers(0, 5), st.booleans(), st.sampled_from([0.0, 0.5]))
@@ -191,8 +191,8 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
         stretch = list(stretch)
         run.admit_chain([m.key for m in stretch], kind, nbytes, [m.flops for m in stretch],
                         tag, 7.0)
-    assert {k: (e.prio, e.uses, e.seq) for k, e in run._e.items()} == \
-        {k: (e.prio, e.uses, e.seq) for k, e in one._e.items()}
+    assert {k: (e.prio, e.uses, e.seq) for k, e in run.entries().items()} == \
+        {k: (e.prio, e.uses, e.seq) for k, e in one.entries().items()}
     assert (run._entered, run._moved, run.clock, run._now) == \
         (one._entered, one._moved, one.clock, one._now)
 
@@ -214,14 +214,57 @@ def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
     for k, f in zip(keys, flops):
         one.admit(EntryMeta(k, "block", 4096, f, "comp/x"), 3.0)
     chain.admit_chain(keys, "block", 4096, flops, "comp/x", 3.0)
-    assert {k: (e.meta, e.prio, e.uses, e.seq) for k, e in chain._e.items()} == \
-        {k: (e.meta, e.prio, e.uses, e.seq) for k, e in one._e.items()}
+    assert {k: (e.meta, e.prio, e.uses, e.seq) for k, e in chain.entries().items()} == \
+        {k: (e.meta, e.prio, e.uses, e.seq) for k, e in one.entries().items()}
     assert (chain._entered, chain._moved, chain.clock, chain._now, repr(chain._seq)) == \
         (one._entered, one._moved, one.clock, one._now, repr(one._seq))
     if cls is ValuePolicy:
-        before = {k: (e.prio, e.seq) for k, e in chain._e.items()}, dict(chain._entered)
+        before = {k: (e.prio, e.seq) for k, e in chain.entries().items()}, dict(chain._entered)
         for bad in ([100, 101, 100], [200, 5]):
             with pytest.raises(PolicyError):
                 chain.admit_chain(bad, "block", 4096, [1.0] * len(bad), "comp/x", 4.0)
-            assert ({k: (e.prio, e.seq) for k, e in chain._e.items()},
+            assert ({k: (e.prio, e.seq) for k, e in chain.entries().items()},
                     dict(chain._entered)) == before
+
+
+@settings(max_examples=600, deadline=None)
+@given(n=st.integers(1, 24),
+       ops=st.lists(st.tuples(st.sampled_from(["access", "eligible", "ineligible", "remove",
+                                                "drop", "victim", "run"]),
+                              st.integers(0, 23)), max_size=40))
+def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, ops):
+    """Entries admit_chain keeps compact (``_lazy``) become _Entry objects only when touched:
+    every protocol call on them (access, eligible, ineligible, victim, remove evicted or
+    not, run_length, remove_run) leaves the clock, entries, victims and answers that the same
+    calls leave on entries admitted one by one."""
+    keys, flops = list(range(n)), [float((7 * i) % 11 * 4096) for i in range(n)]
+    one, chain = ValuePolicy(), ValuePolicy()
+    for k, f in zip(keys, flops):
+        one.admit(EntryMeta(k, "block", 4096, f, "comp"), 1.0)
+    chain.admit_chain(keys, "block", 4096, flops, "comp", 1.0)
+    assert len(chain._lazy) == n          # kept compact until touched
+
+    def call(p, op, key):
+        try:
+            if op == "victim":
+                return p.victim()
+            if op == "run":
+                v = p.victim()
+                rest = sorted((k for k in keys if k != v and k in p), key=lambda k: -flops[k])
+                run = [] if v is None else [v] + rest[:3]      # the most valuable next
+                n_run = p.run_length(run, frozenset(run[1:2] if key % 2 else ())) if run else 0
+                p.remove_run(run[:n_run])
+                return n_run
+            if op in ("remove", "drop"):
+                return p.remove(key, evicted=op == "remove")
+            return getattr(p, op)(key, 2.0) if op == "access" else getattr(p, op)(key)
+        except PolicyError as e:
+            return ("error", e.value)
+
+    def seen(p):
+        return (p.clock, len(p), {k: (e.meta, e.prio, e.uses, e.seq)
+                                  for k, e in p.entries().items()}, p.victim())
+    for op, i in ops:
+        key = keys[i % n] if i < 2 * n else -1
+        assert call(chain, op, key) == call(one, op, key), (op, key)
+        assert seen(chain) == seen(one), (op, key)

@@ -60,7 +60,7 @@ def fingerprint(m):
     ev = m.evictor
     evict = ({pk: set(s) for pk, s in ev.cached.items()},
              {pk: set(s) for pk, s in ev.eligible.items()},
-             {pk: (p.clock, {k: (e.prio, e.uses, e.seq) for k, e in p._e.items()})
+             {pk: (p.clock, {k: (e.prio, e.uses, e.seq) for k, e in p.entries().items()})
               for pk, p in ev.policies.items()})
     reqs = {r: (q.phase, q.num_computed_tokens, q.num_allocated_tokens, q.num_draft_tokens,
                 tuple(q.reads), tuple(q.token_ids)) for r, q in m.requests.items()}

@@ -64,7 +64,8 @@ def state(m):
                  list(ev.dead[pk]), set(lv.live[pk]),
                  {b: n for b, n in lv.below[pk].items() if n}, set(lv.blocked[pk]))
             for pk in m.pools}
-    policies = {pk: (p.clock, repr(p._seq), {k: (e.prio, e.uses, e.seq) for k, e in p._e.items()},
+    policies = {pk: (p.clock, repr(p._seq),
+                     {k: (e.prio, e.uses, e.seq) for k, e in p.entries().items()},
                      victim_order(p))
                 for pk, p in ev.policies.items()}
     pages = None if m.arena is None else (list(m.arena.owner), dict(m.arena.pages_held))
@@ -74,7 +75,7 @@ def state(m):
 
 def victim_order(policy):
     """The eligible entries in the order victim() would return them."""
-    return [k for _, _, k in sorted((e.prio, e.seq, k) for k, e in policy._e.items()
+    return [k for _, _, k in sorted((e.prio, e.seq, k) for k, e in policy.entries().items()
                                     if e.seq >= 0)]
 
 

@@ -31,7 +31,7 @@ def test_hint_files_entries_under_the_request_class():
     m = CacheManager(LAY, num_blocks=16, device="meta")
     serve(m, "a", A, hint="out3")
     serve(m, "b", [9] * 40)
-    tags = sorted(e.meta.tag for e in _policy(m)._e.values())
+    tags = sorted(e.meta.tag for e in _policy(m).entries().values())
     assert tags == ["comp"] * 2 + ["comp/out3"] * 3      # B's 2 blocks, A's 3
 
 
@@ -40,7 +40,7 @@ def test_a_block_recomputed_past_the_hit_is_a_use_of_the_cached_one():
     request recomputes [32, 48) whose key A's cached block holds: that block was demanded."""
     m = CacheManager(LAY, num_blocks=16, device="meta")
     serve(m, "a", A)
-    entries = _policy(m)._e
+    entries = _policy(m).entries()
     leaf = max(entries.values(), key=lambda e: e.meta.flops)    # the block ending at 48
     assert len(entries) == 3 and leaf.uses == 0
     assert serve(m, "b", A) == 32
@@ -89,5 +89,5 @@ def test_hint_survives_pin_and_unpin():
         m.commit("b", P - L)
         L = P
     m.free("b")
-    tags = sorted(e.meta.tag for e in _policy(m)._e.values())
+    tags = sorted(e.meta.tag for e in _policy(m).entries().values())
     assert "comp/out2" in tags, tags

@@ -247,7 +247,7 @@ class ValuePolicy:
             prio = e.prio
         if evicted and prio > self.clock:
             self.clock = prio     # greedy-dual aging: everything left now sits closer to eviction
-        if len(self._heap) > 4 * len(self) + 64:
+        if len(self._heap) > 4 * (len(self._e) + len(self._lazy)) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in self._e.items() if x.seq >= 0]
             heapq.heapify(self._heap)
 

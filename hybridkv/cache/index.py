@@ -22,6 +22,7 @@ while the chain block ending there is published, so the chain map is its record
 """
 import hashlib
 from array import array
+from itertools import repeat
 from typing import NamedTuple
 
 
@@ -48,6 +49,10 @@ def _added(members, x):
     return members
 
 
+def _one(x):
+    return (x,)
+
+
 def _removed(members, x):
     if type(members) is tuple:
         return NONE if members == (x,) else members
@@ -58,9 +63,9 @@ def _removed(members, x):
 class _Entry:
     __slots__ = ("key", "exact", "parent", "children", "anchored")
 
-    def __init__(self, key, exact, parent):
+    def __init__(self, key, exact, parent, children=NONE):
         self.key, self.exact, self.parent = key, exact, parent
-        self.children = NONE       # blocks of the same pool whose parent this is
+        self.children = children   # blocks of the same pool whose parent this is
         self.anchored = NONE       # chain keys of checkpoints hanging from this block
 
 
@@ -229,13 +234,15 @@ class PrefixIndex:
         ents, m, refs = self.entries[pk], self.chain[pk], self.refs[pk]
         if parent is not None and parent.block not in ents:
             parent = None
-        prev_ref, prev_e = parent, (None if parent is None else ents[parent.block])
-        for b, key in zip(blocks, keys):
-            m[key] = b
-            ents[b] = e = _Entry(key, False, prev_ref)
-            if prev_e is not None:
-                prev_e.children = _added(prev_e.children, b)
-            prev_ref, prev_e = refs[b], e
+        if not blocks:
+            return
+        if parent is not None:
+            pe = ents[parent.block]
+            pe.children = _added(pe.children, blocks[0])
+        m.update(zip(keys, blocks))
+        ents.update(zip(blocks, map(_Entry, keys, repeat(False),
+                                    [parent, *map(refs.__getitem__, blocks[:-1])],
+                                    [*map(_one, blocks[1:]), NONE])))
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False

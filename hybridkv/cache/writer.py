@@ -175,8 +175,8 @@ class ObjectWriter:
         req.tables[g.name].chain(kind).extend([pool.phys[o.ref.block] for o in objs])
         req.blocks[pk].extend([o.ref.block for o in objs])
         req.chain[pk].extend(objs)
-        n_known = 0
-        while n_known < len(objs) and objs[n_known].at <= req.known_tokens:
+        n_known, known = 0, req.known_tokens
+        while n_known < len(objs) and objs[n_known].at <= known:
             n_known += 1
         filed = self._file_run(req, pk, objs[:n_known])
         for o in objs[n_known:]:
@@ -205,17 +205,21 @@ class ObjectWriter:
                     self.events.append(CacheEvent(True, kind, gname, key, pkey, o.at, False,
                                                   req.request_id))
                     pkey = key
-            ends = [o.at for o in objs[:n_free]]
-            if self.layout.chain_pools() == (pk,) and not any(map(self.layout.exact_kinds,
-                                                                   ends)):
-                self.index.add_block_ends(kind, gname, blocks, keys[:n_free], ends)
-            else:
-                for H, key in zip(ends, keys):
-                    if not self.layout.exact_kinds(H):
-                        self._record(req, H, key)
+            if pk != self.index.ends_pool:    # (whose blocks record their own ends)
+                self._record_ends(req, pk, blocks, keys[:n_free], [o.at for o in objs[:n_free]])
             filed, objs = blocks, objs[n_free:]
         filed += [o.ref.block for o in objs if self._file(req, o, False)]
         return filed
+
+    def _record_ends(self, req, pk, blocks, keys, ends):
+        """The checkpoint records at the ends of chain blocks just published in a row (those
+        needing no snapshot): at once where the pool is the layout's one chain pool."""
+        if self.layout.chain_pools() == (pk,) and not any(map(self.layout.exact_kinds, ends)):
+            self.index.add_block_ends(*pk, blocks, keys, ends)
+            return
+        for H, key in zip(ends, keys):
+            if not self.layout.exact_kinds(H):
+                self._record(req, H, key)
 
     def _page(self, req, g, j, draft=0):
         o = Owned.write(self.pools[("swa", g.name)], (j + 1) * g.window, draft)

@@ -18,6 +18,7 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk``; the longest H whose groups fail only by deferral is reported in ``disk`` /
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
+from functools import partial
 from itertools import compress, repeat
 from operator import or_
 from types import MappingProxyType
@@ -73,6 +74,9 @@ class Read(NamedTuple):
     ver: int
     ep: int
     exact: bool = False
+
+
+_new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
 
 
 class HitPlan(NamedTuple):
@@ -194,8 +198,8 @@ def _passing_prefix(pool, cx, blocks, bs):
         ok &= fn(mod, o, at, cx)
     ok &= pool.bytes_ok_run(blocks)
     m = n if ok.all() else int(np.argmin(ok))
-    return list(map(Read, map(pool.refs.__getitem__, blocks[:m]),
-                    at[:m].tolist(), o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m)))
+    return list(map(_new_read, zip(map(pool.refs.__getitem__, blocks[:m]), at[:m].tolist(),
+                                   o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m))))
 
 
 def check_group(layout, index, pools, ctxs, runs, g, H, key, disk=None):

@@ -9,6 +9,7 @@ Token intervals of one request (positions)::
 """
 import collections
 from array import array
+from functools import partial
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -40,9 +41,9 @@ class Owned(NamedTuple):
         """``write`` of one FREE block per position, as one run (Pool.write_run)."""
         blocks = pool.alloc_run(len(positions))
         pool.write_run(blocks, positions)
-        refs = pool.refs
-        return [cls(refs[b], p, ver)
-                for b, p, ver in zip(blocks, positions, pool.recs.values(blocks, "ver"))]
+        return list(map(partial(tuple.__new__, cls),      # cls(*fields), no __new__ call
+                        zip(map(pool.refs.__getitem__, blocks), positions,
+                            pool.recs.values(blocks, "ver"))))
 
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""

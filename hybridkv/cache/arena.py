@@ -36,6 +36,7 @@ pool is a window snapshot, holding the sub-pages its rows need: ``available`` an
 count the pages each such block holds.  hybridkv's own tensors keep the block's rows at its
 first page (every page is as large as the largest block).
 """
+import numpy as np
 import torch
 
 from hybridkv.cache.storage import DTYPES
@@ -124,7 +125,11 @@ class Arena:
         if not can_take(self.page_state[page]):
             raise InvariantViolation("arena_routing", ("page taken while owned", page,
                                                        self.owner_of(page), pool_key, block))
-        self.free.pop()
+        return self._own_top(pool_key, block)
+
+    def _own_top(self, pool_key, block):
+        """The page on top of the free list (``can_take`` checked by the caller), owned now."""
+        page = self.free.pop()
         self.page_state[page], self.owner[page], self.owner_block[page] = \
             PAGE_OWNED, pool_key, block
         self.pages_held[pool_key] += 1
@@ -188,6 +193,51 @@ class Arena:
         pages = self.held_pages(page)
         self._check_give(pool_key, block, pages)
         self.more_pages.pop(page, None)
+        for p in pages:
+            self._give_page(pool_key, p)
+
+    def take_run(self, pool_key, blocks):
+        """``take`` for each of ``blocks`` (distinct, just left FREE), in order: their slots,
+        ``spec.arena.can_take`` evaluated once over the pages (array mode)."""
+        n = len(blocks)
+        if n > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        pages = self.free[:-n - 1:-1]                 # the order n takes pop them in
+        ok = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[pages]), n)
+        if not ok.all():
+            page = pages[int(np.argmin(ok))]
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key))
+        slots = [self._own_top(pool_key, b) for b in blocks]
+        k = self.pages_per_block(pool_key)
+        if k > 1:
+            for page in slots:
+                self.more_pages[page] = [NO_PAGE] * (k - 1)
+        return slots
+
+    def give_run(self, pool_key, blocks, slots):
+        """``give`` for each of ``blocks`` (distinct, back to FREE; block i's slot
+        ``slots[i]``), in order: every page they hold free again, ``spec.arena.can_give``
+        evaluated once over all those pages and their givers (array mode); a page its giver
+        does not own refuses the whole run and nothing changes."""
+        pages, givers = [], []
+        for b, slot in zip(blocks, slots):
+            held = self.held_pages(slot)
+            pages += held
+            givers += [b] * len(held)
+        owners = list(map(self.owner.__getitem__, pages))
+        ok = _per_page(can_give(
+            np.array([NO_KIND if o is None else o[0] for o in owners], object),
+            np.array([None if o is None else o[1] for o in owners], object),
+            np.fromiter(map(self.owner_block.__getitem__, pages), np.int64, len(pages)),
+            pool_key[0], pool_key[1], np.asarray(givers, np.int64)), len(pages))
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise InvariantViolation("arena_routing", ("page given back by a non-owner",
+                                                       pages[i], self.owner_of(pages[i]),
+                                                       pool_key, givers[i]))
+        for slot in slots:
+            self.more_pages.pop(slot, None)
         for p in pages:
             self._give_page(pool_key, p)
 
@@ -300,3 +350,9 @@ class Arena:
         waste = sum(padded[name] * n for name, n in used.items()) / n_used if n_used else 0.0
         return {"pages": self.num_pages, "page_bytes": self.page_nbytes, "free": self.n_free,
                 "used": used, "padding_waste": {**padded, "held": waste}}
+
+
+def _per_page(verdict, n):
+    """A guard's verdict over n pages as n bools (a guard constant in its columns answers one
+    value for all of them)."""
+    return np.broadcast_to(np.asarray(verdict, dtype=bool), (n,))

@@ -9,6 +9,8 @@ from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import BadArgument
 from spec.common import FREE
 
+ARENA_RUN_MIN = 8     # a shorter run takes or gives its pages block by block
+
 
 class PageCountedSet(set):
     """A set of blocks of a pool of k-page blocks that keeps the pages they hold
@@ -76,6 +78,11 @@ class ArenaPool(Pool):
 
     def _moved(self, b, old, new):
         super()._moved(b, old, new)
+        self._arena_moved(b, old, new)
+
+    def _arena_moved(self, b, old, new):
+        """Block b's pages follow its move: its slot taken when it leaves FREE, every page it
+        holds given back when it returns."""
         if old == FREE:
             self.phys[b] = self.arena.take(self.key, b)
         elif new == FREE:
@@ -83,13 +90,22 @@ class ArenaPool(Pool):
             self.phys[b] = NO_PAGE
 
     def _moved_run(self, blocks, old, new):
-        """A run leaving or entering FREE takes or gives its pages block by block (``_moved``);
-        other runs as Pool's."""
-        if old == FREE or new == FREE:
+        """A run leaving or entering FREE takes or gives its pages as one run
+        (``Arena.take_run`` / ``give_run``: each guard once over the run's pages); a short
+        run block by block (``_moved``); other runs as Pool's."""
+        super()._moved_run(blocks, old, new)
+        if old != FREE and new != FREE:
+            return
+        if len(blocks) < ARENA_RUN_MIN:
             for b in blocks:
-                self._moved(b, old, new)
+                self._arena_moved(b, old, new)
+        elif old == FREE:
+            for b, page in zip(blocks, self.arena.take_run(self.key, blocks)):
+                self.phys[b] = page
         else:
-            super()._moved_run(blocks, old, new)
+            self.arena.give_run(self.key, blocks, [self.phys[b] for b in blocks])
+            for b in blocks:
+                self.phys[b] = NO_PAGE
 
     def _fresh_slot(self, b, st):
         if not self.arena.n_free:

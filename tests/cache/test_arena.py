@@ -72,12 +72,12 @@ def test_one_page_id_space_for_every_kind():
 def test_pages_change_owner_only_while_free(monkeypatch):
     """Every page's history alternates take / give (never retyped while held); under pressure
     pages do pass from one kind to another."""
-    history = {}
-    take, give = Arena.take, Arena.give
-    monkeypatch.setattr(Arena, "take", lambda self, pk, b: history.setdefault(
+    history = {}                        # per page, whatever path (one block or a run) moved it
+    take, give = Arena._own_top, Arena._give_page
+    monkeypatch.setattr(Arena, "_own_top", lambda self, pk, b: history.setdefault(
         page := take(self, pk, b), []).append(("take", pk)) or page)
-    monkeypatch.setattr(Arena, "give", lambda self, pk, b, page: (
-        give(self, pk, b, page), history[page].append(("give", pk))))
+    monkeypatch.setattr(Arena, "_give_page", lambda self, pk, page: (
+        give(self, pk, page), history[page].append(("give", pk))))
     m = mk(64)
     rng = random.Random(1)
     for i in range(30):

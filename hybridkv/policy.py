@@ -37,6 +37,7 @@ import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 MAX_USES_CLASS = 3
+ARRAY_MIN = 32        # admit_chain computes a chain at least this long as numpy columns
 
 
 class PolicyError(KeyError):
@@ -196,12 +197,18 @@ class ValuePolicy:
         self._now = now
         cls = (kind, tag, 0)
         n0, m1 = entered.get(cls, 0), self._moved.get(cls, 0) + 1.0
-        per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / max(nbytes, 1)
-        weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(self.flops_weight)),
-                               np.float64, n)             # Python's pow: the same last bit
-        p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
-        prio = (self.clock + p * weighted) + self.recency * now
-        self._lazy.update(zip(keys, zip(prio.tolist(), flops, repeat((kind, nbytes, tag)))))
+        size, weight, base, later = max(nbytes, 1), self.flops_weight, self.clock, \
+            self.recency * now
+        if n < ARRAY_MIN:                                 # numpy's fixed cost outweighs it
+            prio = [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
+                    (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
+        else:
+            per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size
+            weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(weight)),
+                                   np.float64, n)         # Python's pow: the same last bit
+            p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
+            prio = ((base + p * weighted) + later).tolist()
+        self._lazy.update(zip(keys, zip(prio, flops, repeat((kind, nbytes, tag)))))
         entered[cls] = n0 + n
 
     def access(self, key, now: float = 0.0) -> None:

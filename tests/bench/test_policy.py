@@ -228,10 +228,10 @@ def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
 
 
 @settings(max_examples=600, deadline=None)
-@given(n=st.integers(1, 24),
+@given(n=st.integers(1, 48),
        ops=st.lists(st.tuples(st.sampled_from(["access", "eligible", "ineligible", "remove",
                                                 "drop", "victim", "run"]),
-                              st.integers(0, 23)), max_size=40))
+                              st.integers(0, 47)), max_size=40))
 def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, ops):
     """Entries admit_chain keeps compact (``_lazy``) become _Entry objects only when touched:
     every protocol call on them (access, eligible, ineligible, victim, remove evicted or

@@ -48,31 +48,39 @@ class Admission:
         finally:
             self.reserved -= total
 
-    def check(self, need, protect=(), subs=None):
-        """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
-        it) unless every pool can supply its blocks from free + evictable ones, minus the
-        ``protect``ed cached blocks about to be pinned, and the cap admits them all."""
-        short, too_large = self._verdict(need, protect, subs)
-        if too_large:
-            raise RequestTooLarge("allocation can never fit this cache", too_large)
-        if short:
-            raise AdmissionRefused("allocation refused", short)
-
-    def fits(self, need, protect=(), subs=None, extra=None, extra_transit=0):
-        """``check`` would pass (and nothing changes either way), with ``extra`` (pool key
-        -> blocks, arena mode: pages) more available and ``extra_transit`` fewer objects in
-        transit."""
-        short, too_large = self._verdict(need, protect, subs, extra, extra_transit)
-        return not short and not too_large
-
-    def _verdict(self, need, protect, subs, extra=None, extra_transit=0):
-        """(short, too_large): what ``check`` refuses, per pool (or the arena, the cap)."""
-        held = {}                     # pool key -> blocks (arena mode: their pages)
+    def held_back(self, protect):
+        """Pool key -> what the ``protect``ed reads (cached blocks about to be pinned) hold of
+        what eviction could take (blocks; arena mode: their pages): counted once per
+        allocation, then passed to ``check`` / ``fits`` as ``held``."""
+        held = {}
         for r in protect:
             pk = (r.ref.kind, r.ref.group)
             if self.evictor.takeable(r.ref):
                 held[pk] = held.get(pk, 0) + (1 if self.arena is None else
                                               self.arena.held_by(self.pools[pk], r.ref.block))
+        return held
+
+    def check(self, need, held=None, subs=None):
+        """Raise AdmissionRefused (RequestTooLarge when even an empty cache could not take
+        it) unless every pool can supply its blocks from free + evictable ones, minus what
+        cached blocks about to be pinned hold (``held``, from ``held_back``), and the cap
+        admits them all."""
+        short, too_large = self._verdict(need, held, subs)
+        if too_large:
+            raise RequestTooLarge("allocation can never fit this cache", too_large)
+        if short:
+            raise AdmissionRefused("allocation refused", short)
+
+    def fits(self, need, held=None, subs=None, extra=None, extra_transit=0):
+        """``check`` would pass (and nothing changes either way), with ``extra`` (pool key
+        -> blocks, arena mode: pages) more available and ``extra_transit`` fewer objects in
+        transit.  O(pools)."""
+        short, too_large = self._verdict(need, held, subs, extra, extra_transit)
+        return not short and not too_large
+
+    def _verdict(self, need, held, subs, extra=None, extra_transit=0):
+        """(short, too_large): what ``check`` refuses, per pool (or the arena, the cap)."""
+        held = dict(held or {})       # pool key -> blocks (arena mode: their pages)
         total = sum(need.values())
         for pk, n in (extra or {}).items():      # more available: fewer held back
             held[pk] = held.get(pk, 0) - n

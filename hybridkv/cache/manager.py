@@ -249,13 +249,15 @@ class CacheManager:
         if first:
             self._check_plan(req)
         protect = req.plan.reads if first else ()
+        held = self.admission.held_back(protect)         # the hit's blocks, counted once
         need = self.writer.blocks_needed(req, end, draft_end)
         subs = self.subpages.count(req, end, draft_end)
-        if not self.admission.fits(need, protect, subs):  # O(pools): before any per-block work
-            self._abandon_pending(need, protect, subs)
-            self.admission.check(need, protect, subs)     # refuses what still does not fit
+        if not self.admission.fits(need, held, subs):    # O(pools): before any per-block work
+            if self._abandon_pending(need, protect, held, subs):
+                held = self.admission.held_back(protect)
+            self.admission.check(need, held, subs)       # refuses what still does not fit
         points, need, subs = self._points_that_fit(req, start, end, draft_end, need, subs,
-                                                   protect)
+                                                   held)
         restored, self.writer.copies = self.writer.restored_bytes, []
         if first:
             self._take_plan(req)
@@ -270,21 +272,24 @@ class CacheManager:
         return Allocation(start, end, draft_end, tuple(points), req.tables,
                           self.writer.restored_bytes - restored, tuple(self.writer.copies))
 
-    def _abandon_pending(self, need, protect, subs):
+    def _abandon_pending(self, need, protect, held, subs):
         """An allocation short of room takes it from points written and not captured yet
         (``Snapshots.pending``: retention is best effort, a request's progress is not), the
         least worth keeping first, as few as it needs -- only when giving them all up would
-        make it fit; otherwise nothing changes and ``check`` refuses."""
+        make it fit; otherwise nothing changes and ``check`` refuses.  True when it gave
+        some up (what the hit's blocks hold is counted again after each: a dropped
+        snapshot can leave a chain block it hung from takeable)."""
         snaps = self.snapshots
         if not snaps.written or not self.admission.fits(
-                need, protect, subs, snaps.reclaimable, snaps.reclaimable_objects):
-            return
+                need, held, subs, snaps.reclaimable, snaps.reclaimable_objects):
+            return False
         for req, P in snaps.pending():
             snaps.abandon(req, P)
-            if self.admission.fits(need, protect, subs):
-                return
+            if self.admission.fits(need, self.admission.held_back(protect), subs):
+                return True
+        return True
 
-    def _points_that_fit(self, req, start, end, draft_end, need, subs, protect):
+    def _points_that_fit(self, req, start, end, draft_end, need, subs, held):
         """The retention points in (start, end] an admitted allocation writes, with its blocks
         and sub-pages counting their snapshots: every point when they fit beside it, else the
         most points that fit in ``Snapshots.priority`` order (the rest are not retained,
@@ -311,7 +316,7 @@ class CacheManager:
             if not k:
                 return True
             _, need_k, subs_k = sized(k)
-            return self.admission.fits(need_k, protect, subs_k)
+            return self.admission.fits(need_k, held, subs_k)
         lo, hi = 0, len(order)                # fits(lo); fits(hi) unknown, then False
         if not fits(hi):
             while hi - lo > 1:

@@ -13,9 +13,9 @@ from tests.cache.helpers import LAY, P40, commit_all, fingerprint
 Q = [(11 * i + 5) % 250 for i in range(80)]
 
 
-def _busy(every_n=0, **kw):
+def _busy(every_n=0, checked=True, **kw):
     """A cache where request A holds a 40-token prompt, then C looks up Q[:60]."""
-    m = CacheManager(LAY, checked=True, every_n=every_n, **kw)
+    m = CacheManager(LAY, checked=checked, every_n=every_n, **kw)
     m.lookup("A", P40)
     commit_all(m, "A", m.allocate("A", 40))
     m.lookup("C", Q[:60])
@@ -24,8 +24,9 @@ def _busy(every_n=0, **kw):
 
 @pytest.mark.parametrize("room", [dict(num_pages=64), dict(num_blocks=11)])
 def test_an_allocation_short_of_room_for_its_snapshots_keeps_the_ones_that_fit(room):
-    roomy = _busy(num_pages=4096)
+    roomy = _busy(num_pages=512, checked=False)   # every point fits: what C would keep
     everything = roomy.snapshots.points(roomy.requests["C"], 0, 60)
+    assert set(roomy.allocate("C", 60).checkpoints) == set(everything)
     m = _busy(**room)
     a = m.allocate("C", 60)                       # was AdmissionRefused for its snapshots
     assert set(a.checkpoints) < set(everything)

@@ -151,10 +151,14 @@ class Arena:
         """Block ``block`` of pool ``pool_key`` just left FREE: its first page (its slot),
         taken through ``spec.arena.can_take``; no sub-page yet."""
         page = self._take_page(pool_key, block)
+        self._no_subs_yet(pool_key, page)
+        return page
+
+    def _no_subs_yet(self, pool_key, page):
+        """A k-page block just took its slot ``page``: sub-pages 1..k-1 not held yet."""
         k = self.pages_per_block(pool_key)
         if k > 1:
             self.more_pages[page] = [NO_PAGE] * (k - 1)
-        return page
 
     def reach(self, pool_key, block, page, subs):
         """Sub-pages ``subs`` (1..k-1) of the block whose first page is ``page``, taken now
@@ -209,10 +213,8 @@ class Arena:
             raise InvariantViolation("arena_routing", ("page taken while owned", page,
                                                        self.owner_of(page), pool_key))
         slots = [self._own_top(pool_key, b) for b in blocks]
-        k = self.pages_per_block(pool_key)
-        if k > 1:
-            for page in slots:
-                self.more_pages[page] = [NO_PAGE] * (k - 1)
+        for page in slots:
+            self._no_subs_yet(pool_key, page)
         return slots
 
     def give_run(self, pool_key, blocks, slots):
@@ -225,12 +227,10 @@ class Arena:
             held = self.held_pages(slot)
             pages += held
             givers += [b] * len(held)
-        owners = list(map(self.owner.__getitem__, pages))
-        ok = _per_page(can_give(
-            np.array([NO_KIND if o is None else o[0] for o in owners], object),
-            np.array([None if o is None else o[1] for o in owners], object),
-            np.fromiter(map(self.owner_block.__getitem__, pages), np.int64, len(pages)),
-            pool_key[0], pool_key[1], np.asarray(givers, np.int64)), len(pages))
+        owners = np.array(list(map(self.owner_of, pages)), dtype=object).reshape(-1, 3)
+        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
+                                pool_key[0], pool_key[1], np.asarray(givers, np.int64)),
+                       len(pages))
         if not ok.all():
             i = int(np.argmin(ok))
             raise InvariantViolation("arena_routing", ("page given back by a non-owner",

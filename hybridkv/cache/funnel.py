@@ -253,9 +253,10 @@ def candidate_positions(keys, limit, gran, ckpts, on_disk, ends=None):
     PrefixIndex.ends) or whose granule ``on_disk`` names, as an iterator: the membership scan
     runs at C speed (compress over ``__contains__``) and only as far as the caller takes
     positions; the disk's few granules merged in."""
-    flags = map(ckpts.__contains__, reversed(keys[:limit]))
+    upto = keys[:limit]
+    flags = map(ckpts.__contains__, reversed(upto))
     if ends is not None:
-        flags = map(or_, flags, map(ends.__contains__, reversed(keys[:limit])))
+        flags = map(or_, flags, map(ends.__contains__, reversed(upto)))
     recorded = compress(range(limit, 0, -1), flags)
     if not on_disk:
         return map(gran.__mul__, recorded)

@@ -253,8 +253,7 @@ class CacheManager:
         need = self.writer.blocks_needed(req, end, draft_end)
         subs = self.subpages.count(req, end, draft_end)
         if not self.admission.fits(need, held, subs):    # O(pools): before any per-block work
-            if self._abandon_pending(need, protect, held, subs):
-                held = self.admission.held_back(protect)
+            held = self._abandon_pending(need, protect, held, subs)
             self.admission.check(need, held, subs)       # refuses what still does not fit
         points, need, subs = self._points_that_fit(req, start, end, draft_end, need, subs,
                                                    held)
@@ -276,18 +275,19 @@ class CacheManager:
         """An allocation short of room takes it from points written and not captured yet
         (``Snapshots.pending``: retention is best effort, a request's progress is not), the
         least worth keeping first, as few as it needs -- only when giving them all up would
-        make it fit; otherwise nothing changes and ``check`` refuses.  True when it gave
-        some up (what the hit's blocks hold is counted again after each: a dropped
-        snapshot can leave a chain block it hung from takeable)."""
+        make it fit; otherwise nothing changes and ``check`` refuses.  Returns what the hit's
+        blocks hold back afterwards (``held``, counted again after each abandonment: a
+        dropped snapshot can leave a chain block it hung from takeable)."""
         snaps = self.snapshots
         if not snaps.written or not self.admission.fits(
                 need, held, subs, snaps.reclaimable, snaps.reclaimable_objects):
-            return False
+            return held
         for req, P in snaps.pending():
             snaps.abandon(req, P)
-            if self.admission.fits(need, self.admission.held_back(protect), subs):
-                return True
-        return True
+            held = self.admission.held_back(protect)
+            if self.admission.fits(need, held, subs):
+                break
+        return held
 
     def _points_that_fit(self, req, start, end, draft_end, need, subs, held):
         """The retention points in (start, end] an admitted allocation writes, with its blocks

@@ -402,3 +402,36 @@ def test_chunked_local_attention_gives_back_the_chunks_before_the_current_one():
     assert kv.allocate_slots(a, 1) is not None
     ids = kv.get_block_ids("a")[0]
     assert ids[:6] == [0] * 6 and 0 not in ids[6:]
+
+
+@pytest.mark.parametrize("specs", [(full(),), (full(), swa(40))])
+def test_decode_fast_paths_reach_what_the_full_path_reaches(specs):
+    """Decode steps through the adapter's fast paths (a layout without a window makes no
+    slide-only commit; a step reaching no new block names none without reading the tables)
+    hand vLLM the blocks and leave the cache hitting where the full path does: the same
+    calls against an adapter with the slide always sent and every step's blocks built from
+    the tables."""
+    def drive(kv, forced):
+        if forced:
+            kv.commits.slides = True
+            kv.blocks.none_new = lambda start, end: False
+        calls, got = [], []
+        real = kv.cache.commit
+        kv.cache.commit = lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+        for i in range(3):
+            r = request(f"r{i}", list(range(40 + 5 * i)) + [900 + i])
+            prefill(kv, r)
+            for t in range(37):                         # crosses two or three block ends
+                r.append_output_token_ids(2000 + t)
+                blocks = kv.allocate_slots(r, 1)
+                got.append(blocks.get_block_ids())
+                r.num_computed_tokens += 1
+            kv.free(r)
+        probe = request("p", list(range(40)) + [900] + [2000 + t for t in range(37)] + [7])
+        return calls, got, kv.get_computed_blocks(probe)[1]
+    fast_calls, fast, fast_hit = drive(manager(256, *specs), False)
+    full_calls, slow, full_hit = drive(manager(256, *specs), True)
+    assert fast == slow and fast_hit == full_hit > 0
+    slides = len(specs) > 1
+    assert (0 in fast_calls) == slides and 0 in full_calls      # slide-only commits
+    assert [n for n in fast_calls if n] == [n for n in full_calls if n]

@@ -13,6 +13,7 @@ class VllmBlocks:
         self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
         self.objects = {NULL_BLOCK_ID: self.null_block}      # vLLM id -> its KVCacheBlock
         self.empty = KVCacheBlocks(tuple(() for _ in layout.groups))
+        self.block_sizes = sorted({g.block_size for g in layout.groups})
 
     def block(self, block_id):
         blk = self.objects.get(block_id)
@@ -23,6 +24,11 @@ class VllmBlocks:
     def wrap(self, ids_per_group):
         groups = tuple([self.block(i) for i in ids] for ids in ids_per_group)
         return KVCacheBlocks(groups) if any(groups) else self.empty
+
+    def none_new(self, start_tokens, end_tokens):
+        """Positions [start_tokens, end_tokens) reach no block past ``start_tokens``' in any
+        group (``of_request`` would name none)."""
+        return all(-(-start_tokens // bs) >= -(-end_tokens // bs) for bs in self.block_sizes)
 
     def of_request(self, tables, track, start_tokens, end_tokens):
         """A request's blocks covering positions [start_tokens, end_tokens) per group."""

@@ -15,7 +15,9 @@ the allocation's checkpoints.  Per request (``Tracked``):
                on at the next call; ``catch_up`` (each lookup) moves such requests on
   settled      windows slide only past positions whose queries have run
                (``num_computed_tokens - num_in_flight_tokens``): an in-flight step still reads
-               the window below the optimistic count
+               the window below the optimistic count; a layout without a window has nothing
+               to slide, so a slide alone is no call (each commit still passes its settled
+               positions)
 """
 from hybridkv.integrations.vllm.translate import known_positions, token_ids
 
@@ -36,8 +38,9 @@ class Commits:
     """Moves each tracked request's hybridkv commits along (``advance``); owns the set of
     requests whose commit stopped before a checkpoint not capturable yet."""
 
-    def __init__(self, copies):
+    def __init__(self, copies, slides=True):
         self.copies = copies              # WorkerCopies: the captures' copies go there
+        self.slides = slides              # some group has a window (a slide alone matters)
         self.deferred = {}                # request id -> Tracked stopped before a checkpoint
 
     def add_points(self, track, checkpoints, layout):
@@ -51,6 +54,9 @@ class Commits:
         settled basis (``settled``, or the request's)."""
         request, points = track.request, track.points
         end = min(track.target, known_positions(request, track.hash_block_size), track.allocated)
+        if track.committed >= end and not self.slides:     # nothing to commit or slide
+            self.deferred.pop(request.request_id, None)
+            return
         bound = capturable(track)
         basis = settled_basis(track) if settled is None else settled
         while track.committed < end:
@@ -65,7 +71,8 @@ class Commits:
                 break
         slide = min(basis, track.committed)
         if slide > track.settled:
-            cache.commit(request.request_id, 0, None, slide)
+            if self.slides:
+                cache.commit(request.request_id, 0, None, slide)
             track.settled = slide
         if track.committed < end:
             self.deferred[request.request_id] = track

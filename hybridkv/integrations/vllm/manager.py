@@ -75,7 +75,7 @@ class KVCacheManager(UnusedMachinery):
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
-        self.commits = Commits(self.copies)
+        self.commits = Commits(self.copies, any(g.window for g in self.layout.groups))
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
         self.prompt_ids = {}                    # request id -> TranslatedIds (lookups reuse)
@@ -229,6 +229,8 @@ class KVCacheManager(UnusedMachinery):
 
     # -- block ids -----------------------------------------------------------------------------
     def _blocks(self, rid, start_tokens, end_tokens):
+        if self.blocks.none_new(start_tokens, end_tokens):      # a decode step inside blocks
+            return self.empty_kv_cache_blocks
         return self.blocks.of_request(self.cache.tables(rid), self.tracked[rid], start_tokens,
                                       end_tokens)
 

@@ -4,7 +4,10 @@
   chains     per chain pool (comp / idx of every chained group) walk the chain blocks from the
              start while they are cached and pass layers 2-4 (ABI, readable + covers, bytes);
              the walk stops at the first block that does not (its reason is kept);
-  candidates checkpoint records on the prompt's chain, longest first: a candidate H whose every
+  candidates checkpoint records on the prompt's chain, longest first, up to where some chained
+             group's chain blocks are all in the index (a record past a block the index lacks
+             is unreachable: the chain to it was dropped; it is never tried): a candidate H
+             whose every
              chained group has its chain run reach H's block is checked group by group --
              layer 1 spec.funnel.can_hit_aligned (granule; block boundary or exact snapshot),
              layer 2 can_hit_abi, layer 3 readable + the kind's spec ``covers`` (READY_CHECKS)
@@ -19,14 +22,15 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
 from functools import partial
-from itertools import compress, repeat
-from operator import or_
+from itertools import compress, islice, repeat, takewhile
+from operator import is_not, or_
 from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
 
 from hybridkv.cache.pool import ObjRef
+from hybridkv.layout import CHAIN_KINDS
 from spec import compressed, indexer, swa, tail
 from spec.common import readable
 from spec.funnel import best_hit, can_hit_abi, can_hit_aligned, can_hit_groups
@@ -143,9 +147,11 @@ class _Run(NamedTuple):
     reads: list         # Read of blocks 0.. that passed
     stop: tuple         # (layer, check, reason) of the first block that did not, or None
     deferred: list      # DiskRead of blocks after the run that are only on disk
+    indexed: int        # blocks 0.. the index holds in a row (passing or not)
 
 
 WALK_RUN_MIN = 8      # a shorter run of found chain blocks is checked block by block
+_is_block = partial(is_not, None)      # an index answer that names a block (ids start at 0)
 
 
 def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
@@ -159,13 +165,11 @@ def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
         bs, cx = g.block_size, ctxs[gname]
         step, n_blocks = bs // gran, limit // (bs // gran)
         reads, stop, deferred, first = [], None, [], 1
-        if n_blocks >= WALK_RUN_MIN:
-            found = list(map(index.chain[(kind, gname)].get,
-                             keys[step - 1:n_blocks * step:step]))
-            n_found = found.index(None) if None in found else n_blocks
-            if n_found >= WALK_RUN_MIN:
-                reads = _passing_prefix(pools[(kind, gname)], cx, found[:n_found], bs)
-                first = len(reads) + 1
+        found = list(takewhile(_is_block, map(index.chain[(kind, gname)].get,
+                                              islice(keys, step - 1, n_blocks * step, step))))
+        if len(found) >= WALK_RUN_MIN:          # (the index's blocks in a row from the start)
+            reads = _passing_prefix(pools[(kind, gname)], cx, found, bs)
+            first = len(reads) + 1
         for j in range(first, n_blocks + 1):
             key = keys[j * step - 1]
             c = check_object(pools, cx, kind, gname, index.chain_block(kind, gname, key),
@@ -178,8 +182,22 @@ def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
             if c.deferred is None:
                 break
             deferred.append(c.deferred)        # keep walking what only waits on the disk
-        runs[(kind, gname)] = _Run(reads, stop, deferred)
+        runs[(kind, gname)] = _Run(reads, stop, deferred, len(found))
     return runs
+
+
+def reachable_limit(layout, runs, limit):
+    """The longest candidate (in granules, at most ``limit``) some group's chains reach in the
+    index: a group needs its chain blocks below H, so past its shortest indexed run plus the
+    open block it fails whatever else holds; past every group's, so does each candidate."""
+    gran, reach = layout.granule, 0
+    for g in layout.groups:
+        ends = [(runs[(k, g.name)].indexed + 1) * g.block_size - 1
+                for k in CHAIN_KINDS if (k, g.name) in runs]
+        if not ends:
+            return limit
+        reach = max(reach, min(ends) // gran)
+    return min(limit, reach)
 
 
 def _passing_prefix(pool, cx, blocks, bs):
@@ -275,7 +293,8 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     cands = []                 # the positions tried, longest first, up to the first that passes
     group_hits = {g.name: 0 for g in layout.groups}
     rejections, passes, chosen, disk_at = [], [], (), None
-    for H in candidate_positions(keys, limit, gran, ckpts, on_disk, index.ends):
+    reach = limit if disk is not None else reachable_limit(layout, runs, limit)
+    for H in candidate_positions(keys, reach, gran, ckpts, on_disk, index.ends):
         cands.append(H)
         key = keys[H // gran - 1]
         oks, reads, deferred, only_disk = [], [], [], True

@@ -186,12 +186,13 @@ class CacheManager:
             raise BadArgument("hint must be a str of at most 64 characters", hint)
         if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
             raise BadArgument("request_id must be a str or int", request_id)
-        tokens, source = lookup_tokens(token_ids, self.vocab)
-        if not tokens:
-            raise BadTokens("a lookup needs at least one token", (0, None))
         old = self.requests.get(request_id)
         if old is not None and old.phase != LOOKED:
             raise RequestBusy("request already holds cache state", request_id)
+        tokens, source = lookup_tokens(token_ids, self.vocab, None if old is None else
+                                       (old.token_ids, old.token_source))
+        if not tokens:
+            raise BadTokens("a lookup needs at least one token", (0, None))
         root = root_key(self.layout, salt)
         keys = extend_chain(self._known_keys(old, root, tokens, source), root, tokens,
                             self.layout.granule)
@@ -214,7 +215,7 @@ class CacheManager:
         if n == 0 or (source is None or old.token_source is not source) and \
                 old.token_ids[:covered] != tokens[:covered]:
             return []
-        return old.chain_keys[:n]
+        return old.chain_keys if n == len(old.chain_keys) else old.chain_keys[:n]
 
     # -- 2. pin / allocate ----------------------------------------------------------------------
     def _check_plan(self, req):

@@ -244,13 +244,20 @@ class TokenPrefix(NamedTuple):
     end: int
 
 
-def lookup_tokens(token_ids, vocab):
+def lookup_tokens(token_ids, vocab, looked=None):
     """(tokens, source) for a lookup: the ids of a ``TokenPrefix`` of ``CheckedTokens``
     (checked again only when checked against another ``vocab``), anything else through
-    ``check_tokens``; source is the CheckedTokens whose check stands, else None."""
+    ``check_tokens``; source is the CheckedTokens whose check stands, else None.
+    ``looked``: the ids a looked-up request holds from the same source (a waiting request
+    looked up again): its list is the same prefix when it has the same length (append-only
+    source), so it is taken as it is, not copied again."""
     if type(token_ids) is TokenPrefix and type(token_ids.source) is CheckedTokens:
+        same = token_ids.source.vocab == vocab
+        if same and looked is not None and looked[1] is token_ids.source and \
+                len(looked[0]) == token_ids.end:
+            return looked
         ids = token_ids.source.ids(token_ids.end)
-        if token_ids.source.vocab == vocab:
+        if same:
             return ids, token_ids.source
         token_ids = ids
     return check_tokens(token_ids, vocab), None

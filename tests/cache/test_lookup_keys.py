@@ -123,3 +123,27 @@ def test_check_tokens_accepts_exactly_plain_ints_in_range_short_or_long(tokens, 
         assert e.value.value == bad[0]
     else:
         assert check_tokens(tokens, vocab) == tokens
+
+
+def test_the_same_prefix_asked_again_keeps_its_ids_and_never_aliases_the_source():
+    """A waiting request asked again for the same prefix keeps the ids list its last lookup
+    copied (no copy of a long prompt per step); the source is never that list: generated
+    tokens the request commits later extend the request's ids, not the engine's source."""
+    from hybridkv.cache import CheckedTokens
+    m = mk()
+    run(m, "a", P40)
+    source = CheckedTokens(m.vocab, P40)
+    m.lookup("b", source.prefix(33))
+    ids = m.requests["b"].token_ids
+    plan = m.lookup("b", source.prefix(33))
+    assert m.requests["b"].token_ids is ids and ids == P40[:33]
+    shorter = m.lookup("b", source.prefix(20))                 # another length: its own list
+    assert m.requests["b"].token_ids == P40[:20] and shorter.prompt_tokens == 20
+    m.lookup("b", source.prefix(33))
+    assert m.requests["b"].token_ids == P40[:33] and m.requests["b"].token_ids is not ids
+    m.lookup("b", source.prefix(33))
+    a = m.allocate("b", 33 - plan.reuse_tokens + 4)
+    m.commit("b", 33 - plan.reuse_tokens)
+    m.commit("b", 4, [7, 8, 9, 10])                            # generated after the prompt
+    assert m.requests["b"].token_ids == P40[:33] + [7, 8, 9, 10] and a.end == 37
+    assert len(source) == 40 and source.ids(40) == P40         # the source is untouched

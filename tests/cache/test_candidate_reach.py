@@ -1,0 +1,72 @@
+"""The funnel tries checkpoint records only as far as some group's chain blocks are all in the
+index (``funnel.reachable_limit``): past that every group fails whatever else holds, so the scan
+of a long prompt's uncached rest (an engine re-asks a waiting request every step) stops there.
+
+Random call sequences under memory pressure go to two managers in checked mode, one as shipped
+and one scanning every position of the prompt (the bound answering ``limit``); after every call
+both hold the same state and a lookup of each prefix (and of a longer prompt) gives the same
+plan, candidates and rejections included.  A record past a chain block the index lacks (the
+chain to it dropped) is the only thing the bound leaves out: never a hit, not tried.
+"""
+import pytest
+from hypothesis import given, settings
+
+import hybridkv.cache.funnel as funnel
+from hybridkv.cache.index import extend_chain, root_key
+from hybridkv.cache.pool import ObjRef
+from tests.cache.test_evict_runs import LAYOUTS, PREFIXES, calls, manager, play, state
+from hybridkv.policy import ValuePolicy
+
+
+def unbounded(monkeypatch):
+    monkeypatch.setattr(funnel, "reachable_limit", lambda layout, runs, limit: limit)
+
+
+def probe(m, rid):
+    """Each prefix (and the first one grown past everything cached) looked up, the plans."""
+    out = []
+    for tokens in PREFIXES + [PREFIXES[0] + [9] * 60]:
+        m.requests.pop(rid, None)
+        out.append(m.lookup(rid, tokens))
+    m.requests.pop(rid, None)
+    return out
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(max_examples=25, deadline=None)
+@given(seq=calls)
+def test_the_bounded_scan_plans_what_the_whole_scan_plans(layout, seq):
+    ours = manager(LAYOUTS[layout], ValuePolicy, runs=True)
+    whole = manager(LAYOUTS[layout], ValuePolicy, runs=True)
+    for call in seq:
+        with pytest.MonkeyPatch.context() as mp:
+            out_whole = play(whole, *call)
+            unbounded(mp)
+            plans_whole = probe(whole, "probe")
+        assert play(ours, *call) == out_whole, call
+        assert probe(ours, "probe") == plans_whole, call
+        assert state(ours) == state(whole), call
+    ours.check_invariants()
+
+
+def test_a_block_end_past_a_dropped_chain_block_is_not_tried(monkeypatch):
+    """Chain block 3 of a cached prompt dropped (as when its bytes went bad): the blocks past
+    it stay indexed (dead: unreachable) and on a full layout each records its own end; the
+    bounded scan stops before them, the whole scan tries and rejects each; both resume at
+    the same point with the same reads."""
+    full = LAYOUTS["full"]
+    m = manager(full, ValuePolicy, runs=True)
+    tokens = PREFIXES[0][:40]
+    assert play(m, "done", 0, 0, 40, 0) == (0, None)
+    keys = extend_chain([], root_key(full, b""), tokens, full.granule)
+    m.evictor.drop(ObjRef("comp", "full", m.index.chain_block("comp", "full", keys[2])))
+    assert m.index.chain_block("comp", "full", keys[5]) is not None     # past it: indexed
+    ours = m.lookup("b", tokens + [9])
+    m.requests.pop("b")
+    unbounded(monkeypatch)
+    whole = m.lookup("b", tokens + [9])
+    assert ours.reuse_tokens == whole.reuse_tokens == 8
+    assert ours.reads == whole.reads and ours.group_hits == whole.group_hits
+    assert ours.candidates == (8,) and whole.candidates == (*range(40, 12, -4), 8)
+    assert not ours.rejections and [r.H for r in whole.rejections] == list(range(40, 12, -4))
+    m.check_invariants()

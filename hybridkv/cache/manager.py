@@ -26,6 +26,8 @@ pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for
 invariants after every public call (hybridkv.cache.checked).
 """
 import threading
+from itertools import groupby
+from operator import attrgetter
 
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
@@ -52,6 +54,9 @@ from hybridkv.policy import ValuePolicy
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
 from spec.funnel import PinCheck, can_bump_indexer, can_read_pinned
 from spec.state import HELD, LOOKED, RUNNING
+
+_READ_POOL = attrgetter("ref.kind", "ref.group", "exact")   # a HitPlan read's pool
+_READ_BLOCK = attrgetter("ref.block")
 
 STATE_NAMES = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned",
                LOADING: "loading", STALE: "stale"}
@@ -804,6 +809,20 @@ class CacheManager:
                 not 0 <= ref.block < pool.n:
             raise BadArgument("no such block", tuple(ref))
         return pool.slot(ref.block)
+
+    def hit_slots(self, plan):
+        """(kind, group) -> the slots (``slot``) of ``plan``'s chain reads, in order: the block
+        table a resume at ``plan.reuse_tokens`` starts from (its exact objects are restored
+        into fresh blocks).  One pass over the reads, pool by pool."""
+        if not isinstance(plan, HitPlan):
+            raise BadArgument("hit_slots needs a HitPlan", type(plan).__name__)
+        out = {}
+        for (kind, group, exact), reads in groupby(plan.reads, _READ_POOL):
+            if not exact:
+                phys = self._pool(kind, group).phys
+                out.setdefault((kind, group), []).extend(map(phys.__getitem__,
+                                                             map(_READ_BLOCK, reads)))
+        return out
 
     @locked
     def blocks_needed(self, request_id, num_new_tokens, num_draft_tokens=0):

@@ -143,3 +143,24 @@ def test_cached_block_names_the_slot_a_key_is_cached_under():
     assert m.cached_block("comp", "g0", b"no such key") is None
     with pytest.raises(BadArgument):
         m.slot(ObjRef("comp", "g0", 10 ** 6))
+
+
+def test_hit_slots_are_the_slots_of_a_plan_s_chain_reads_pool_by_pool():
+    """A hit's block table at once (an engine names the hit's blocks before its first
+    allocation): each pool's chain reads' slots in the plan's order, as ``slot`` names each;
+    the exact objects (restored into fresh blocks) are not in it."""
+    m = mk()
+    prefill(m, "a", P)
+    m.free("a")
+    plan = m.lookup("b", P + [1, 2, 3])
+    assert plan.reuse_tokens and any(r.exact for r in plan.reads)
+    want = {}
+    for r in plan.reads:
+        if not r.exact:
+            want.setdefault((r.ref.kind, r.ref.group), []).append(m.slot(r.ref))
+    assert m.hit_slots(plan) == want and want
+    m.allocate("b", 3)
+    assert m.hit_slots(plan)[("comp", "g0")] == \
+        m.tables("b")["g0"].comp[:len(want[("comp", "g0")])]
+    with pytest.raises(BadArgument):
+        m.hit_slots(plan.reads)

@@ -7,22 +7,29 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 
+class _BlockObjects(dict):
+    """vLLM id -> its KVCacheBlock, made the first time an id is named (a lookup of a known
+    id stays a plain dict lookup)."""
+
+    def __missing__(self, block_id):
+        blk = self[block_id] = KVCacheBlock(block_id)
+        return blk
+
+
 class VllmBlocks:
     def __init__(self, layout, pages_of):
         self.layout, self.pages_of = layout, pages_of   # slot -> the block's arena pages
         self.null_block = KVCacheBlock(NULL_BLOCK_ID, is_null=True)
-        self.objects = {NULL_BLOCK_ID: self.null_block}      # vLLM id -> its KVCacheBlock
+        self.objects = _BlockObjects({NULL_BLOCK_ID: self.null_block})
         self.empty = KVCacheBlocks(tuple(() for _ in layout.groups))
         self.block_sizes = sorted({g.block_size for g in layout.groups})
 
     def block(self, block_id):
-        blk = self.objects.get(block_id)
-        if blk is None:
-            blk = self.objects[block_id] = KVCacheBlock(block_id)
-        return blk
+        return self.objects[block_id]
 
     def wrap(self, ids_per_group):
-        groups = tuple([self.block(i) for i in ids] for ids in ids_per_group)
+        get = self.objects.__getitem__
+        groups = tuple(list(map(get, ids)) for ids in ids_per_group)
         return KVCacheBlocks(groups) if any(groups) else self.empty
 
     def none_new(self, start_tokens, end_tokens):
@@ -39,9 +46,6 @@ class VllmBlocks:
 
     def of_hit(self, cache, plan, windows):
         """The blocks of a hit at ``plan.reuse_tokens``: what its first allocation keeps."""
-        chains = {g.name: [] for g in self.layout.groups}
-        for r in plan.reads:
-            if not r.exact and r.ref.kind == "comp":
-                chains[r.ref.group].append(cache.slot(r.ref))
-        return self.wrap(hit_ids(g, chains[g.name], windows.get(g.name), plan.reuse_tokens,
-                                 self.pages_of) for g in self.layout.groups)
+        chains = cache.hit_slots(plan)
+        return self.wrap(hit_ids(g, chains.get(("comp", g.name), ()), windows.get(g.name),
+                                 plan.reuse_tokens, self.pages_of) for g in self.layout.groups)

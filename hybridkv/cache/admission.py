@@ -15,6 +15,9 @@ snapshots reach (``subs``: hybridkv.cache.subpages, where a pool's blocks span s
 against free pages plus every pool's takeable cached blocks, and
 ``make_room`` lets the arena pick which pool gives pages back (each through its own eviction).
 """
+from itertools import groupby
+
+from hybridkv.cache.funnel import READ_BLOCK, READ_POOL
 from hybridkv.errors import AdmissionRefused, RequestTooLarge
 from spec.funnel import can_admit_objects
 
@@ -53,11 +56,12 @@ class Admission:
         what eviction could take (blocks; arena mode: their pages): counted once per
         allocation, then passed to ``check`` / ``fits`` as ``held``."""
         held = {}
-        for r in protect:
-            pk = (r.ref.kind, r.ref.group)
-            if self.evictor.takeable(r.ref):
-                held[pk] = held.get(pk, 0) + (1 if self.arena is None else
-                                              self.arena.held_by(self.pools[pk], r.ref.block))
+        for (kind, group), reads in groupby(protect, READ_POOL):
+            pk = (kind, group)
+            blocks = self.evictor.liveness.takeable_run(pk, map(READ_BLOCK, reads))
+            if blocks:
+                held[pk] = held.get(pk, 0) + (len(blocks) if self.arena is None else
+                                              self.arena.held_by_run(self.pools[pk], blocks))
         return held
 
     def check(self, need, held=None, subs=None):

@@ -265,6 +265,14 @@ class Arena:
         """Pages block ``b`` of ``pool`` holds now."""
         return len(self.held_pages(pool.phys[b])) if pool.phys[b] != NO_PAGE else 0
 
+    def held_by_run(self, pool, blocks):
+        """Pages ``blocks`` of ``pool`` hold now together (``held_by`` summed; a pool of
+        one-page blocks: the blocks holding a page)."""
+        phys = pool.phys
+        if pool.pages_per_block == 1:
+            return len(blocks) - list(map(phys.__getitem__, blocks)).count(NO_PAGE)
+        return sum(self.held_by(pool, b) for b in blocks)
+
     def ranked(self, pools, evictor):
         """The pools that could give a page back, cheapest first: (cost, pool key) where cost
         is (FLOPs a hit through the pool's own victim saves per page -- covered tokens x

@@ -23,7 +23,7 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 """
 from functools import partial
 from itertools import compress, islice, repeat, takewhile
-from operator import is_not, or_
+from operator import attrgetter, is_not, or_
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -81,6 +81,11 @@ class Read(NamedTuple):
 
 
 _new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
+
+
+READ_POOL = attrgetter("ref.kind", "ref.group")                  # a Read's pool key
+READ_POOL_EXACT = attrgetter("ref.kind", "ref.group", "exact")
+READ_BLOCK, READ_VER, READ_EP = attrgetter("ref.block"), attrgetter("ver"), attrgetter("ep")
 
 
 class HitPlan(NamedTuple):

@@ -94,6 +94,11 @@ class Liveness:
     def takeable(self, pk, b):
         return b in self.cached[pk] and b not in self.blocked[pk]
 
+    def takeable_run(self, pk, blocks):
+        """The takeable ones of ``blocks``, in order."""
+        cached, blocked = self.cached[pk], self.blocked[pk]
+        return [b for b in blocks if b in cached and b not in blocked]
+
     def check(self, pk):
         """Problems (empty list = sound): live / below / blocked agree with a recount from
         the index."""

@@ -27,14 +27,14 @@ invariants after every public call (hybridkv.cache.checked).
 """
 import threading
 from itertools import groupby
-from operator import attrgetter
 
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
 from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
-from hybridkv.cache.funnel import HitPlan, Read, run_funnel
+from hybridkv.cache.funnel import (READ_BLOCK, READ_EP, READ_POOL, READ_POOL_EXACT, READ_VER,
+                                   HitPlan, Read, run_funnel)
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
 from hybridkv.cache.pool import ObjRef, Pool
 from hybridkv.cache.tables import NO_LIMIT, GroupCtx
@@ -54,9 +54,6 @@ from hybridkv.policy import ValuePolicy
 from spec.common import FREE, LOADING, PINNED, READY, STALE, WRITING
 from spec.funnel import PinCheck, can_bump_indexer, can_read_pinned
 from spec.state import HELD, LOOKED, RUNNING
-
-_READ_POOL = attrgetter("ref.kind", "ref.group", "exact")   # a HitPlan read's pool
-_READ_BLOCK = attrgetter("ref.block")
 
 STATE_NAMES = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned",
                LOADING: "loading", STALE: "stale"}
@@ -225,12 +222,19 @@ class CacheManager:
     # -- 2. pin / allocate ----------------------------------------------------------------------
     def _check_plan(self, req):
         """The plan's objects are still what the funnel checked (pinnable, same version and
-        address): else StaleRead, nothing changed -- the caller looks up again."""
-        for r in req.plan.reads:
-            pool = self.pools[(r.ref.kind, r.ref.group)]
-            rec = pool.recs[r.ref.block]
-            if pool.target(r.ref.block, "pin") is None or (rec.ver, rec.ep) != (r.ver, r.ep):
-                raise StaleRead("planned object changed since lookup", tuple(r.ref))
+        address): else StaleRead naming the first that is not, nothing changed -- the caller
+        looks up again.  Pool by pool over the plan's runs of reads: the table once per run
+        (``Pool.accepted``), the versions and epochs compared as lists."""
+        for (kind, group), reads in groupby(req.plan.reads, READ_POOL):
+            reads = list(reads)
+            pool, blocks = self.pools[(kind, group)], list(map(READ_BLOCK, reads))
+            bad = pool.accepted(blocks, "pin")
+            vers, eps = pool.recs.values(blocks, "ver"), pool.recs.values(blocks, "ep")
+            if vers != list(map(READ_VER, reads)) or eps != list(map(READ_EP, reads)):
+                bad = min(bad, next(i for i, (r, v, e) in enumerate(zip(reads, vers, eps))
+                                    if (v, e) != (r.ver, r.ep)))
+            if bad < len(reads):
+                raise StaleRead("planned object changed since lookup", tuple(reads[bad].ref))
 
     def _take_plan(self, req):
         """Pin the plan's objects (they become the request's reads): one run per pool (a
@@ -817,11 +821,11 @@ class CacheManager:
         if not isinstance(plan, HitPlan):
             raise BadArgument("hit_slots needs a HitPlan", type(plan).__name__)
         out = {}
-        for (kind, group, exact), reads in groupby(plan.reads, _READ_POOL):
+        for (kind, group, exact), reads in groupby(plan.reads, READ_POOL_EXACT):
             if not exact:
                 phys = self._pool(kind, group).phys
                 out.setdefault((kind, group), []).extend(map(phys.__getitem__,
-                                                             map(_READ_BLOCK, reads)))
+                                                             map(READ_BLOCK, reads)))
         return out
 
     @locked

@@ -71,6 +71,11 @@ class Pool:
         self.block_nbytes = sum(self.n_layers * slot_bytes(r, d, group.dtype)
                                 for r, d in tensors.values())
         self._first = next(iter(self.data.values()))
+        self.holds_bytes = not self._first.is_meta    # meta: bookkeeping only, no bytes to move
+        self._tensor_bytes = {name: t[:, 0].numel() * t.element_size()
+                              for name, t in self.data.items()}
+        self._rows = {name: (t.shape[2], t[:, 0, 0].numel() * t.element_size())
+                      for name, t in self.data.items()}       # rows a slot has, bytes a row
         self._base = self._first.data_ptr()
         self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
         self.refs = BlockRefs(kind, self.group)     # block -> its one ObjRef
@@ -115,23 +120,28 @@ class Pool:
                              GPU_BLOCK_ALIGN)
 
     def copy(self, dst, src):
-        """Block src's rows (every tensor, every layer) into block dst; returns bytes copied."""
-        s, d = self.phys[src], self.phys[dst]
-        for t in self.data.values():
-            t[:, d].copy_(t[:, s])
+        """Block src's rows (every tensor, every layer) into block dst; returns bytes copied
+        (on the meta device, where no tensor holds bytes, nothing moves)."""
+        if self.holds_bytes:
+            s, d = self.phys[src], self.phys[dst]
+            for t in self.data.values():
+                t[:, d].copy_(t[:, s])
         return self.block_nbytes
 
     def copy_tensor(self, dst, src, name):
         """Only tensor ``name`` of block src into block dst; returns bytes copied."""
-        t = self.data[name]
-        t[:, self.phys[dst]].copy_(t[:, self.phys[src]])
-        return t[:, 0].numel() * t.element_size()
+        if self.holds_bytes:
+            t = self.data[name]
+            t[:, self.phys[dst]].copy_(t[:, self.phys[src]])
+        return self._tensor_bytes[name]
 
     def copy_rows(self, dst, src, name, lo, hi):
         """Rows [lo, hi) of tensor ``name`` of block src into the same rows of block dst."""
-        t = self.data[name]
-        t[:, self.phys[dst], lo:hi].copy_(t[:, self.phys[src], lo:hi])
-        return t[:, 0, lo:hi].numel() * t.element_size()
+        if self.holds_bytes:
+            t = self.data[name]
+            t[:, self.phys[dst], lo:hi].copy_(t[:, self.phys[src], lo:hi])
+        rows, row_bytes = self._rows[name]
+        return row_bytes * len(range(rows)[lo:hi])
 
     def to_bytes(self, b):
         """A new uint8 tensor holding block b's rows (every tensor, every layer): a spill.

@@ -47,6 +47,8 @@ from spec.arena import (NO_KIND, PAGE_FREE, PAGE_OWNED, block_pages_ok, can_give
 from spec.common import FREE
 from spec.funnel import GPU_BLOCK_ALIGN
 
+ARENA_RUN_MIN = 8     # a shorter run takes or gives its pages block by block
+
 NO_PAGE = -1            # phys[b] of a FREE block: it holds no page
 NOBODY = (NO_KIND, None, NO_PAGE)   # (kind, group, block) of a FREE page's owner: none
 COVERED = 6             # record field after the common six: the position a block covers (h / hi)
@@ -174,6 +176,47 @@ class Arena:
         for s in missing:
             more[s - 1] = self._take_page(pool_key, block)
         return len(missing)
+
+    def reach_run(self, pool_key, blocks, pages, subs):
+        """``reach`` for each of ``blocks`` (block i's first page ``pages[i]``, its sub-pages
+        ``subs[i]``), in order, taking the same pages in the same order; a block that holds
+        all its sub-pages already takes none and is asked nothing.  With ``ARENA_RUN_MIN`` or
+        more blocks growing, ``spec.arena.can_give`` (only a slot's owner grows it) and
+        ``can_take`` (only FREE pages) are each evaluated once over the run's pages (array
+        mode), and a refusal anywhere changes nothing.  Returns the pages taken."""
+        grow = []                                  # (block, page, its more_pages, missing)
+        for b, page, want in zip(blocks, pages, subs):
+            more = self.more_pages.get(page)
+            if more is None or any(not 1 <= s <= len(more) for s in want):
+                raise BadArgument("no such sub-page of the block", (pool_key, b, page, want))
+            missing = sorted({s for s in want if more[s - 1] == NO_PAGE})
+            if missing:
+                grow.append((b, page, more, missing))
+        if len(grow) < ARENA_RUN_MIN:
+            return sum(self.reach(pool_key, b, page, missing) for b, page, _, missing in grow)
+        owners = np.array([self.owner_of(page) for _, page, _, _ in grow],
+                          dtype=object).reshape(-1, 3)
+        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
+                                pool_key[0], pool_key[1],
+                                np.fromiter((b for b, _, _, _ in grow), np.int64, len(grow))),
+                       len(grow))
+        if not ok.all():
+            b, page, _, _ = grow[int(np.argmin(ok))]
+            raise InvariantViolation("arena_routing", ("page given back by a non-owner", page,
+                                                       self.owner_of(page), pool_key, b))
+        n = sum(len(missing) for _, _, _, missing in grow)
+        if n > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        tops = self.free[:-n - 1:-1]               # the order the takes pop them in
+        taken = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[tops]), n)
+        if not taken.all():
+            page = tops[int(np.argmin(taken))]
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key))
+        for b, _, more, missing in grow:
+            for s in missing:
+                more[s - 1] = self._own_top(pool_key, b)
+        return n
 
     def give_sub(self, pool_key, block, page, sub):
         """Sub-page ``sub`` of the block whose first page is ``page`` is free again (the

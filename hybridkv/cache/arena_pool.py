@@ -3,13 +3,12 @@
 returning to FREE, and in a pool of k-page blocks the sub-pages ``reach`` took since
 (hybridkv.cache.subpages); every page moves through the arena, whose take and give are the
 spec's guards."""
-from hybridkv.cache.arena import NO_PAGE
+from hybridkv.cache.arena import ARENA_RUN_MIN, NO_PAGE
 from hybridkv.cache.pool import Pool
 from hybridkv.cache.tables import TransitionRefused
 from hybridkv.errors import BadArgument
 from spec.common import FREE
 
-ARENA_RUN_MIN = 8     # a shorter run takes or gives its pages block by block
 
 
 class PageCountedSet(set):
@@ -63,6 +62,12 @@ class ArenaPool(Pool):
     def reach(self, b, subs):
         """Block b (not FREE) takes its sub-pages ``subs`` it does not hold yet; how many."""
         return self.arena.reach(self.key, b, self.phys[b], subs)
+
+    def reach_run(self, blocks, subs):
+        """``reach`` of each of ``blocks`` (not FREE) to its sub-pages ``subs[i]``, in order,
+        as one run (``Arena.reach_run``); how many pages they took."""
+        phys = self.phys
+        return self.arena.reach_run(self.key, blocks, [phys[b] for b in blocks], subs)
 
     def give_sub(self, b, sub):
         """Block b gives back its sub-page ``sub`` (False when it holds none)."""

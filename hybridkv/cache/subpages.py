@@ -94,8 +94,9 @@ class WindowSubPages:
             j, s = divmod(i, k)
             if s:
                 by_page.setdefault(j, []).append(s)
-        for j, subs in by_page.items():
-            pool.reach(self._block(req, group, j, W), subs)
+        if by_page:
+            pool.reach_run([self._block(req, group, j, W) for j in by_page],
+                           list(by_page.values()))
 
     @staticmethod
     def _block(req, group, j, W):

@@ -104,3 +104,53 @@ def test_a_run_taking_a_held_page_from_the_free_list_is_refused_by_can_take():
     with applied(MUTANT["arena.can_take#0"], spec_arena.GUARDS):
         slots = a.take_run(("swa", "swa"), list(range(100, 108)))
     assert held in slots and a.owner_of(held)[:2] == ("swa", "swa")
+
+
+def test_window_sub_pages_reached_as_a_run_take_what_block_by_block_takes(monkeypatch):
+    """A prefill chunk's window pages reach their sub-pages as one run (``Arena.reach_run``:
+    the owners asked once, the free pages' states once) and own the pages the block-by-block
+    path owns, in the same order; decodes reach one page at a time, skipping those held."""
+    from hybridkv.cache import arena as arena_module
+    from tests.cache.test_arena_block_pages import K, LAY as PAGED
+
+    def serve(m):
+        for i, prompt in enumerate(PROMPTS * 2):
+            run(m, f"r{i}", prompt[:300], decode=range(1, 12))
+        return _arena_state(m.arena), m.stats()["arena"]
+    calls = {"reach_run": 0}
+    orig = Arena.reach_run
+
+    def counted(self, pool_key, blocks, pages, subs):
+        calls["reach_run"] += len(blocks) >= arena_module.ARENA_RUN_MIN
+        return orig(self, pool_key, blocks, pages, subs)
+    monkeypatch.setattr(Arena, "reach_run", counted)
+    with monkeypatch.context() as mp:
+        mp.setattr(arena_module, "ARENA_RUN_MIN", 10 ** 9)
+        mp.setattr(arena_pool, "ARENA_RUN_MIN", 10 ** 9)
+        ref = CacheManager(PAGED, num_pages=PAGES, device="meta", checked=True, block_pages=K)
+        want = serve(ref)
+    assert calls["reach_run"] == 0
+    runs = CacheManager(PAGED, num_pages=PAGES, device="meta", checked=True, block_pages=K)
+    assert serve(runs) == want and calls["reach_run"] > 0
+    runs.check_invariants()
+
+
+def test_a_run_growing_a_block_it_does_not_own_is_refused_and_changes_nothing():
+    from tests.cache.test_arena_block_pages import K, LAY as PAGED
+    m = CacheManager(PAGED, num_pages=PAGES, device="meta", checked=True, block_pages=K)
+    m.lookup("a", PROMPTS[0][:300])
+    m.allocate("a", 300)
+    pool = m.pools[("swa", "g1")]
+    blocks = [b for b, r in enumerate(pool.recs) if r.st != 0][:10]
+    a = m.arena
+    for b in blocks:                                  # free their sub-pages again
+        for s in range(1, K[("swa", "g1")]):
+            pool.give_sub(b, s)
+    before = _arena_state(a)
+    pages = [pool.phys[b] for b in blocks]
+    pages[4] = pool.phys[blocks[5]]                   # seeded: a slot naming another's page
+    with pytest.raises(InvariantViolation) as e:
+        a.reach_run(pool.key, blocks, pages, [[1, 2]] * len(blocks))
+    assert e.value.value == "arena_routing" and _arena_state(a) == before
+    with applied(MUTANT["arena.can_give#2"], spec_arena.GUARDS):
+        assert a.reach_run(pool.key, blocks, pages, [[1, 2]] * len(blocks)) == 20

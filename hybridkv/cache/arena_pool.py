@@ -10,7 +10,6 @@ from hybridkv.errors import BadArgument
 from spec.common import FREE
 
 
-
 class PageCountedSet(set):
     """A set of blocks of a pool of k-page blocks that keeps the pages they hold
     (``pages_held_by(b)`` when b joins: a cached block's pages do not change while cached),

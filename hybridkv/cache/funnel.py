@@ -7,8 +7,8 @@
   candidates checkpoint records on the prompt's chain, longest first, up to where some chained
              group's chain blocks are all in the index (a record past a block the index lacks
              is unreachable: the chain to it was dropped; it is never tried): a candidate H
-             whose every
-             chained group has its chain run reach H's block is checked group by group --
+             whose every chained group has its chain run reach H's block is checked group by
+             group --
              layer 1 spec.funnel.can_hit_aligned (granule; block boundary or exact snapshot),
              layer 2 can_hit_abi, layer 3 readable + the kind's spec ``covers`` (READY_CHECKS)
              then spec.funnel.can_hit_groups over the groups (intersection), layer 4

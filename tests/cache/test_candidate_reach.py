@@ -33,7 +33,7 @@ def probe(m, rid):
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seq=calls)
 def test_the_bounded_scan_plans_what_the_whole_scan_plans(layout, seq):
     ours = manager(LAYOUTS[layout], ValuePolicy, runs=True)

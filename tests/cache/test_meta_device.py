@@ -20,7 +20,7 @@ def moved(m):
 
 
 @pytest.mark.parametrize("layout", ["v4-mini", "full+swa"])
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(seq=calls)
 def test_the_meta_device_counts_what_real_tensors_move(layout, seq):
     real, meta = manager(LAYOUTS[layout], "cpu"), manager(LAYOUTS[layout], "meta")

@@ -143,6 +143,31 @@ class Arena:
                 raise InvariantViolation("arena_routing", ("page given back by a non-owner", p,
                                                            self.owner_of(p), pool_key, block))
 
+    def _check_take_top(self, pool_key, n):
+        """The n pages on top of the free list (the order n takes pop them in) exist and may
+        be taken: ``spec.arena.can_take`` once over them (array mode)."""
+        if n > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        tops = self.free[:-n - 1:-1]
+        ok = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[tops]), n)
+        if not ok.all():
+            page = tops[int(np.argmin(ok))]
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key))
+
+    def _check_give_run(self, pool_key, pages, givers):
+        """Block ``givers[i]`` of pool ``pool_key`` owns page ``pages[i]``, for every i:
+        ``spec.arena.can_give`` once over them (array mode)."""
+        owners = np.array(list(map(self.owner_of, pages)), dtype=object).reshape(-1, 3)
+        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
+                                pool_key[0], pool_key[1], np.asarray(givers, np.int64)),
+                       len(pages))
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise InvariantViolation("arena_routing", ("page given back by a non-owner",
+                                                       pages[i], self.owner_of(pages[i]),
+                                                       pool_key, givers[i]))
+
     def _give_page(self, pool_key, page):
         self.page_state[page], self.owner[page], self.owner_block[page] = \
             PAGE_FREE, None, NO_PAGE
@@ -194,25 +219,10 @@ class Arena:
                 grow.append((b, page, more, missing))
         if len(grow) < ARENA_RUN_MIN:
             return sum(self.reach(pool_key, b, page, missing) for b, page, _, missing in grow)
-        owners = np.array([self.owner_of(page) for _, page, _, _ in grow],
-                          dtype=object).reshape(-1, 3)
-        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
-                                pool_key[0], pool_key[1],
-                                np.fromiter((b for b, _, _, _ in grow), np.int64, len(grow))),
-                       len(grow))
-        if not ok.all():
-            b, page, _, _ = grow[int(np.argmin(ok))]
-            raise InvariantViolation("arena_routing", ("page given back by a non-owner", page,
-                                                       self.owner_of(page), pool_key, b))
+        self._check_give_run(pool_key, [page for _, page, _, _ in grow],
+                             [b for b, _, _, _ in grow])
         n = sum(len(missing) for _, _, _, missing in grow)
-        if n > len(self.free):
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
-        tops = self.free[:-n - 1:-1]               # the order the takes pop them in
-        taken = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[tops]), n)
-        if not taken.all():
-            page = tops[int(np.argmin(taken))]
-            raise InvariantViolation("arena_routing", ("page taken while owned", page,
-                                                       self.owner_of(page), pool_key))
+        self._check_take_top(pool_key, n)
         for b, _, more, missing in grow:
             for s in missing:
                 more[s - 1] = self._own_top(pool_key, b)
@@ -246,15 +256,7 @@ class Arena:
     def take_run(self, pool_key, blocks):
         """``take`` for each of ``blocks`` (distinct, just left FREE), in order: their slots,
         ``spec.arena.can_take`` evaluated once over the pages (array mode)."""
-        n = len(blocks)
-        if n > len(self.free):
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
-        pages = self.free[:-n - 1:-1]                 # the order n takes pop them in
-        ok = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[pages]), n)
-        if not ok.all():
-            page = pages[int(np.argmin(ok))]
-            raise InvariantViolation("arena_routing", ("page taken while owned", page,
-                                                       self.owner_of(page), pool_key))
+        self._check_take_top(pool_key, len(blocks))
         slots = [self._own_top(pool_key, b) for b in blocks]
         for page in slots:
             self._no_subs_yet(pool_key, page)
@@ -270,15 +272,7 @@ class Arena:
             held = self.held_pages(slot)
             pages += held
             givers += [b] * len(held)
-        owners = np.array(list(map(self.owner_of, pages)), dtype=object).reshape(-1, 3)
-        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
-                                pool_key[0], pool_key[1], np.asarray(givers, np.int64)),
-                       len(pages))
-        if not ok.all():
-            i = int(np.argmin(ok))
-            raise InvariantViolation("arena_routing", ("page given back by a non-owner",
-                                                       pages[i], self.owner_of(pages[i]),
-                                                       pool_key, givers[i]))
+        self._check_give_run(pool_key, pages, givers)
         for slot in slots:
             self.more_pages.pop(slot, None)
         for p in pages:

@@ -8,6 +8,7 @@ import z3
 from hybridkv.cache import CacheManager
 from hybridkv.errors import LayoutError
 from hybridkv.layout import LayerGroup, ModelLayout
+from spec import dual
 from spec.config import SysConfig
 from spec.dual import concrete
 from spec.swa import SwaRec, covers, first_read
@@ -19,7 +20,17 @@ LAY = ModelLayout([LayerGroup("f", "full", (0,), 16, 0),
 P = [(5 * i + 2) % 250 for i in range(200)]
 
 
-def test_first_read_is_the_chunk_start_on_ints_and_symbols():
+@pytest.fixture
+def int_numerals():
+    """Numerals the dual helpers mint are Ints (``set_width(None)``) for this test, whatever
+    width a prover encoding built earlier in this process left selected."""
+    before = dual._WIDTH[0]
+    dual.set_width(None)
+    yield
+    dual.set_width(before)
+
+
+def test_first_read_is_the_chunk_start_on_ints_and_symbols(int_numerals):
     chunked, windowed = SysConfig(window=4, chunk=4), SysConfig(window=4)
     assert [first_read(H, chunked) for H in (0, 3, 4, 5, 9)] == [0, 0, 4, 4, 8]
     assert [first_read(H, windowed) for H in (0, 3, 4, 5, 9)] == [0, 0, 0, 1, 5]

@@ -30,7 +30,9 @@ def test_adapter_on_vllm_objects():
     if probe.returncode:
         pytest.skip("the vLLM venv has no hybridkv: run scripts/vllm_venv")
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    # -o addopts=: the repo's addopts (-n 2) name xdist, which the vLLM venv lacks
     out = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-                          "--rootdir", os.path.dirname(CHECKS), CHECKS], cwd=REPO, env=env,
+                          "-o", "addopts=", "--rootdir", os.path.dirname(CHECKS), CHECKS],
+                         cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

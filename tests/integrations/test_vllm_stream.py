@@ -19,7 +19,9 @@ def test_stream_and_v4_on_vllms_scheduler():
         pytest.skip("no vLLM venv (scripts/vllm_venv ../vllm-venv, or HYBRIDKV_VLLM_PYTHON)")
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1",
                VLLM_LOGGING_LEVEL="ERROR", PYTHONPATH=REPO)
+    # -o addopts=: the repo's addopts (-n 2) name xdist, which the vLLM venv lacks
     out = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-                          "--rootdir", os.path.dirname(CHECKS), CHECKS], cwd=REPO, env=env,
+                          "-o", "addopts=", "--rootdir", os.path.dirname(CHECKS), CHECKS],
+                         cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -15,6 +15,9 @@ from hybridkv.model.resume import (SUBSET, _run_tokens, aligned, check_grid, gre
                                    grid_lengths, make_cache, overwrite_snapshot, poison_free,
                                    prompt_tokens, resume_case, serve)
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_resume")
+
 
 @pytest.fixture(scope="module")
 def model():

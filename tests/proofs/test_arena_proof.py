@@ -16,6 +16,9 @@ from proofs.bmc import run_bmc
 from proofs.encode import flatten
 from proofs.mutate import applied, mutants
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_arena_proof")
+
 C = ArenaConfig()
 
 

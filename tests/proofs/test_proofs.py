@@ -21,6 +21,9 @@ from proofs.induction import induction_step
 from proofs.mutate import Mutant, MutantError, applied, find, mutants
 from proofs.run import FAST
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_proofs")
+
 
 @pytest.fixture(scope="module")
 def enc():

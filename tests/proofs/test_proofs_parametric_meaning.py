@@ -22,6 +22,9 @@ from proofs.flat import flatten, leaf_paths, unflatten
 from proofs.parametric import props
 from proofs.run import FAST
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_proofs_parametric_meaning")
+
 SEED = 22
 REF_LEAVES = (".ref[", ".obj")      # object indices: kept inside the state's objects
 

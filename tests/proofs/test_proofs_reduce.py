@@ -18,6 +18,9 @@ from proofs.mutate import applied, find
 from proofs.run import DEEP, FAST
 from proofs.satbmc import SatUnrolling, deep_bmc, sat_bmc, template
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_proofs_reduce")
+
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 # short golden traces; each names its own mutant and configuration
 SEEDED = ("system.can_admit_0", "common.can_unpin_keep_0")

@@ -16,6 +16,9 @@ from spec.step import actions
 from spec.system import can_launch, can_lookup
 from tests.spec.spec_mutants import drop_conjuncts
 
+# a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
+pytestmark = pytest.mark.xdist_group("test_spec_bfs")
+
 BASE = dict(n_obj=1, n_req=1, max_pos=1, window=1, cap=1)
 LOADS = {"load_start", "load_ok", "load_bad", "load_cancel"}
 SLICES = {

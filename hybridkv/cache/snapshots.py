@@ -62,6 +62,21 @@ class Snapshots:
                 add(P, "every")
         return dict(sorted(pts.items()))
 
+    def next_point(self, req, A):
+        """A position at or before the first P > A that ``points(req, A, end)`` can name for
+        some end: inside the prompt (the branch, repeat and boundary points lie below
+        ``prompt_len``) the next granule; past it the next multiple of ``resume_every`` (the
+        provisional end) or of ``every_n``.  An allocation from A ending before it writes no
+        snapshot (``ObjectWriter.horizon``: a decode step past the prompt crosses a granule
+        without the full allocation path)."""
+        gran = self.layout.granule
+        if A < req.prompt_len:
+            return (A // gran + 1) * gran
+        nxt = (A // self.resume_every + 1) * self.resume_every
+        if self.every_n:
+            nxt = min(nxt, (A // self.every_n + 1) * self.every_n)
+        return nxt
+
     @staticmethod
     def priority(P, tags):
         """Which points an allocation short of room keeps first (smallest first): a point

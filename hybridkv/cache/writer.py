@@ -102,7 +102,7 @@ class ObjectWriter:
             event = min(event, req.pending_points[0])
         if req.unpublished:
             event = min(event, req.unpublished[0][0])
-        req.fast_end = min(fast, (A // self.gran + 1) * self.gran - 1)
+        req.fast_end = min(fast, self.snapshots.next_point(req, A) - 1)
         req.next_event = event
 
     # -- a hit's start ------------------------------------------------------------------------

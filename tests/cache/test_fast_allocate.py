@@ -1,0 +1,117 @@
+"""The allocation fast path (``CacheManager.allocate`` up to ``fast_end``: no block, no
+checkpoint) against the full path on every call.
+
+``ObjectWriter.horizon`` sets ``fast_end`` below the next position where an allocation could
+need a block, a sub-page or a snapshot (``Snapshots.next_point``: inside the prompt the next
+granule, past it the next multiple of ``resume_every`` or ``every_n``).  Random call sequences
+-- prompts sharing prefixes, decode runs, frees -- go to two managers: one as shipped, one
+whose horizon never allows the fast path.  After every call both return the same allocation
+and hold the same state (pool records and free lists, index, every eviction set and policy,
+the KV events; ``test_evict_runs.state``).  Seeded: a horizon that ignores the provisional end
+(a decode crossing a multiple of ``resume_every`` on the fast path) writes no snapshot there,
+and the comparison finds it.
+"""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridkv.cache import CacheManager
+from hybridkv.errors import CacheError
+from hybridkv.layout import ModelLayout
+from tests.cache.helpers import LAY
+from tests.cache.test_evict_runs import state
+
+LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8)}
+PREFIXES = [[(5 * i + 1) % 200 for i in range(60)], [(3 * i + 7) % 200 for i in range(60)]]
+STRIDES = {"granule": None, "block": 8, "long": 16}
+
+
+def manager(layout, resume_every, every_n, fast=True):
+    m = CacheManager(layout, num_blocks=64, device="meta", checked=True, events=True,
+                     resume_every=resume_every, every_n=every_n)
+    if not fast:
+        horizon = m.writer.horizon
+
+        def never_fast(req):
+            horizon(req)
+            req.fast_end = -1
+        m.writer.horizon = never_fast
+    return m
+
+
+def play(m, op, rid, prefix, n, steps):
+    """One call; returns what the engine sees (allocations, hits, or the error's name)."""
+    try:
+        if op == "serve":
+            tokens = PREFIXES[prefix][:n]
+            plan = m.lookup(rid, tokens)
+            a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
+            L = a.start
+            for P in list(a.checkpoints) + [a.end]:
+                if L < P:
+                    m.commit(rid, P - L)
+                    L = P
+            return plan.reuse_tokens, a.end, a.checkpoints
+        if op == "decode":
+            out = []
+            for i in range(steps):
+                a = m.allocate(rid, 1)
+                m.commit(rid, 1, [(rid * 7 + i) % 200])
+                out.append((a.start, a.end, a.checkpoints))
+            return out
+        m.free(rid)
+    except CacheError as e:
+        return type(e).__name__
+    return None
+
+
+calls = st.lists(st.tuples(
+    st.sampled_from(("serve", "decode", "decode", "free")),
+    st.integers(0, 2), st.integers(0, 1), st.integers(5, 60), st.integers(1, 24)),
+    max_size=14)
+
+
+@pytest.mark.parametrize("stride", sorted(STRIDES))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(max_examples=10, deadline=None)
+@given(seq=calls, every_n=st.sampled_from([0, 0, 12]))
+def test_the_fast_path_reaches_what_the_full_path_reaches(layout, stride, seq, every_n):
+    fast = manager(LAYOUTS[layout], STRIDES[stride], every_n)
+    full = manager(LAYOUTS[layout], STRIDES[stride], every_n, fast=False)
+    for call in seq:
+        assert play(fast, *call) == play(full, *call), call
+        assert state(fast) == state(full), call
+    fast.check_invariants()
+
+
+def test_a_decode_past_the_prompt_skips_the_full_path_between_strides():
+    """Past the prompt a decode step takes the full path only where it needs a block or
+    reaches a multiple of ``resume_every``: with a stride of 16 on full attention (blocks of
+    4, granule 4), a new block at 25, 29, ..., 45 and the stride point at 32 (a cap at every
+    granule would add 24, 28, 36, 40 and 44)."""
+    m = manager(ModelLayout.full(block_size=4), 16, 0)
+    calls = []
+    full_path = m._allocate
+
+    def counted(req, end, draft_end):
+        calls.append(end)
+        return full_path(req, end, draft_end)
+    m._allocate = counted
+    play(m, "serve", 0, 0, 21, 0)
+    del calls[:]
+    play(m, "decode", 0, 0, 0, 24)                  # positions 21..44
+    assert calls == [25, 29, 32, 33, 37, 41, 45]
+
+
+def test_seeded_a_horizon_past_the_provisional_end_is_found():
+    """A fast path that ignores ``resume_every`` decodes across 16 and 32 without writing
+    their provisional-end snapshots: the states part."""
+    lay = LAYOUTS["v4-mini"]
+    seeded = manager(lay, 8, 0)
+    seeded.snapshots.next_point = lambda req, A: 1 << 62
+    full = manager(lay, 8, 0, fast=False)
+    parted = False
+    for call in [("serve", 0, 0, 13, 0), ("decode", 0, 0, 0, 24)]:
+        play(seeded, *call), play(full, *call)
+        parted = parted or state(seeded) != state(full)
+    assert parted

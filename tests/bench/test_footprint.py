@@ -106,6 +106,7 @@ def test_hybridkv_side_footprint_process(tmp_path):
     assert out["stream_per_block"] > out["built_per_block"] > 0
 
 
+@pytest.mark.slow     # ~40 s of vLLM-venv runs at growing sizes
 def test_vllm_footprint_linear_in_blocks(vllm_python, tmp_path):
     """vLLM's manager at 500, 1000 and 2000 blocks: every KVCacheBlock adds the same bytes; the
     stream leaves hashed blocks that add bytes."""

@@ -282,6 +282,7 @@ def test_cli_bad_arguments():
     assert proc.returncode == 2 and proc.stdout == ""
 
 
+@pytest.mark.slow     # ~80 s: both sides, every row (test_vllm_side's tiny runs cover the driver)
 def test_cli_tiny_interleaved_ratio_table():
     python, skipped = vs_vllm.vllm_status()      # absent, or present but without vllm
     if python is None:

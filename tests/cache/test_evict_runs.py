@@ -116,7 +116,7 @@ calls = st.lists(st.tuples(
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("layout", ["full", "v4-mini"])
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(seq=calls)
 def test_runs_evict_what_block_by_block_evicts(layout, policy, seq):
     ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False)

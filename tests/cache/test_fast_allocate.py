@@ -23,7 +23,7 @@ from tests.cache.test_evict_runs import state
 
 LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8)}
 PREFIXES = [[(5 * i + 1) % 200 for i in range(60)], [(3 * i + 7) % 200 for i in range(60)]]
-STRIDES = {"granule": None, "block": 8, "long": 16}
+STRIDES = {"granule": None, "long": 16}
 
 
 def manager(layout, resume_every, every_n, fast=True):

@@ -190,6 +190,7 @@ def _golden(name):
     return pathlib.Path(__file__).parents[1] / "golden" / f"{name}.json"
 
 
+@pytest.mark.slow     # ~2.5 min: the witness search for every action dominates, at any size
 def test_cli_json_fast():
     out = subprocess.run([sys.executable, "-m", "hybridkv.cli", "prove", "--no-mutation",
                           "--depth", "2", "--json"], capture_output=True, text=True,

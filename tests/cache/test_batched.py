@@ -22,7 +22,7 @@ from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout
 from spec.effects import EFFECTS
 from spec.state import KINDS
-from tests.cache.helpers import LAY, fingerprint
+from tests.cache.helpers import LAY, commit_all, fingerprint
 
 PER_BLOCK = 1 << 30          # run_min no run reaches: the per-block reference path
 BOUND = 2                    # max_ver = max_ep: a counter at its bound refuses evict / relocate
@@ -125,11 +125,7 @@ def play(m, op, rid, prefix, n, extra):
             tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
             plan = m.lookup(rid, tokens)
             a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-            L = a.start
-            for P in list(a.checkpoints) + [a.end]:
-                if L < P:
-                    m.commit(rid, P - L)
-                    L = P
+            commit_all(m, rid, a)
             return plan.reuse_tokens
         if op == "decode":
             m.allocate(rid, 1)

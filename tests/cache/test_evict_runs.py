@@ -20,7 +20,7 @@ from hybridkv.cache import CacheManager
 from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout
 from hybridkv.policy import FilteredLRUPolicy, LRUPolicy, ValuePolicy
-from tests.cache.helpers import LAY
+from tests.cache.helpers import LAY, commit_all
 
 LAYOUTS = {"v4-mini": LAY, "full": ModelLayout.full(block_size=4),
            "full+swa": ModelLayout.full(block_size=4, window=8)}
@@ -89,11 +89,7 @@ def play(m, op, rid, prefix, n, extra):
             tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
             plan = m.lookup(rid, tokens)
             a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-            L = a.start
-            for P in list(a.checkpoints) + [a.end]:
-                if L < P:
-                    m.commit(rid, P - L)
-                    L = P
+            commit_all(m, rid, a)
             return plan.reuse_tokens
         if op == "decode":
             m.allocate(rid, 1)

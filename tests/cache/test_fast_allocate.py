@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hybridkv.cache import CacheManager
 from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout
-from tests.cache.helpers import LAY
+from tests.cache.helpers import LAY, commit_all
 from tests.cache.test_evict_runs import state
 
 LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8)}
@@ -46,11 +46,7 @@ def play(m, op, rid, prefix, n, steps):
             tokens = PREFIXES[prefix][:n]
             plan = m.lookup(rid, tokens)
             a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-            L = a.start
-            for P in list(a.checkpoints) + [a.end]:
-                if L < P:
-                    m.commit(rid, P - L)
-                    L = P
+            commit_all(m, rid, a)
             return plan.reuse_tokens, a.end, a.checkpoints
         if op == "decode":
             out = []

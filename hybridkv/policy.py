@@ -282,11 +282,30 @@ class ValuePolicy:
     def remove_run(self, keys) -> None:
         """``remove`` (evicted) of each of ``keys`` in order, each one after the first offered
         (``eligible``) just before: the entries, clock and sequence numbers end as that
-        sequence leaves them, with no heap record pushed for entries about to go."""
+        sequence leaves them, with no heap record pushed for entries about to go (the clock
+        rises to the largest priority removed; the heap is compacted at most once, at the
+        end: a stale record is skipped by ``victim`` wherever it sits).  An unknown or
+        repeated key raises PolicyError before anything changes."""
+        live, lazy = self._e, self._lazy
+        if len(set(keys)) != len(keys) or any(k not in live and k not in lazy for k in keys):
+            raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
+                                                  if k not in self or k in keys[:i]))
         for _ in keys[1:]:
             next(self._seq)
+        if type(self).remove is not ValuePolicy.remove:
+            for key in keys:
+                self.remove(key)
+            return
+        clock, pop_live, pop_lazy = self.clock, live.pop, lazy.pop
         for key in keys:
-            self.remove(key)
+            e = pop_live(key, None)
+            prio = pop_lazy(key)[0] if e is None else e.prio
+            if prio > clock:
+                clock = prio
+        self.clock = clock
+        if len(self._heap) > 4 * (len(live) + len(lazy)) + 64:
+            self._heap = [(x.prio, x.seq, k) for k, x in live.items() if x.seq >= 0]
+            heapq.heapify(self._heap)
 
     def checkpoints(self, n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple:
         return marconi_checkpoints(n_blocks, chain_blocks, full_blocks)

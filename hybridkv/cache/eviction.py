@@ -328,13 +328,16 @@ class Evictor:
         event = _event(pool, b)
         run, forced = [b], set()
         for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
-            if len(run) >= n or p not in cached or p in blocked or _event(pool, p) != event \
+            if len(run) >= n or p not in cached or p in blocked \
                     or (keep is not None and not keep(run[-1], p, dead, len(run))):
                 break
             run.append(p)
             if dead:
                 forced.add(p)
-        if len(run) > 1:
+        if len(run) > 1:                      # up to the first block another event takes
+            stale = [st == STALE for st in pool.recs.values(run, "st")]
+            if (not stale[0]) in stale:
+                run = run[:stale.index(not stale[0])]
             run = run[:pool.accepted(run, event)]
             run = run[:self.policies[pk].run_length(run, forced)]
         return run, event
@@ -353,14 +356,19 @@ class Evictor:
         parent = self.index.parent(self._ref(pk, run[-1]))
         leaves, dead = self.index.unpublish_run(kind, group, run)
         self.policies[pk].remove_run(run)
-        waiting, cached, eligible, admitted = (self.dead[pk], self.cached[pk],
-                                               self.eligible[pk], self.admitted[pk])
-        for b in run:
-            waiting.pop(b, None)
-            cached.discard(b)
-            eligible.discard(b)
-            admitted.discard(b)
-            pool.touch(b)
+        waiting, cached = self.dead[pk], self.cached[pk]
+        if waiting:
+            for b in run:
+                waiting.pop(b, None)
+        if isinstance(cached, PageCountedSet):
+            for b in run:
+                cached.discard(b)
+        else:
+            cached.difference_update(run)
+        self.eligible[pk].difference_update(run)
+        self.admitted[pk].difference_update(run)
+        if pool.shadows is not None:
+            pool.touched.update(run)
         self.liveness.unlink_run(pk, run, parent)
         for p in leaves:
             self.refresh(p)

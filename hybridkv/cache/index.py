@@ -287,13 +287,38 @@ class PrefixIndex:
         """``unpublish`` of each of ``blocks`` in order, each one after the first the parent of
         the one before (``lone_ancestors``).  Returns what those calls return together, less
         the run's own blocks: (the top one's parent if it lost its last child, the dead in the
-        order the calls report them)."""
+        order the calls report them).  A link between two of the run's blocks is never
+        edited (both leave): a child's parent is not told it lost the child, so the parent's
+        own take skips what that edit would have reported, which the result leaves out."""
         pk, leaves, dead = (kind, group), [], []
-        for b in blocks:
-            self._take(pk, b, leaves, dead)
+        ents, exact, chain, kill = self.entries[pk], self.exact[pk], self.chain[pk], self._kill
         run = set(blocks)
-        return ([p for p in leaves if p.block not in run],
-                [d for d in dead if (d.kind, d.group) != pk or d.block not in run])
+        keeps_dead = pk != self.ends_pool
+        for b in blocks:
+            e = ents.pop(b, None)
+            if e is None:
+                continue
+            m = exact if e.exact else chain
+            if m.get(e.key) == b:
+                del m[e.key]
+            for c in e.children:             # a forced drop (stale sweep): orphans
+                if c not in run:
+                    ents[c].parent = None
+            parent = e.parent
+            if parent is not None and parent.block not in run:
+                pe = ents.get(parent.block)
+                if pe is not None:
+                    pe.children = _removed(pe.children, b)
+                    if not pe.children:
+                        leaves.append(parent)
+                        if not pe.anchored and not pe.exact and keeps_dead:
+                            dead.append(parent)
+            if e.exact:
+                dead += kill(e.key)
+            elif e.anchored:
+                for ck in list(e.anchored):
+                    dead += kill(ck)
+        return leaves, [d for d in dead if d.block not in run or (d.kind, d.group) != pk]
 
     def _take(self, pk, b, leaves, dead):
         """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``)."""

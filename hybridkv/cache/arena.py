@@ -328,22 +328,37 @@ class Arena:
     def make_room(self, num_pages, pools, evictor):
         """Until ``num_pages`` pages are free: the giver (``ranked``'s first) evicts its victim,
         through its own path (Evictor.evict_run: its policy, the disk spill on eviction).
-        Where it is the only pool with a victim, with the ancestors that victim leaves as the
-        next victims, as one run, while dropping each leaves nothing dead in another pool
-        (which would give that pool a victim, of cost 0): the pages go as one giver choice per
-        page would give them.  Admission counted only takeable blocks, so this does not run
-        short."""
-        index = evictor.index
+        With the ancestors that victim leaves as the next victims, as one run, while the
+        giver would be ranked first again for each of them (``_keeps_giving``): the pages go
+        as one giver choice per page would give them.  Admission counted only takeable
+        blocks, so this does not run short."""
         while self.n_free < num_pages:
             ranked = self.ranked(pools, evictor)
             if not ranked:
                 raise AdmissionRefused("arena exhausted", {"arena": (num_pages, self.n_free)})
-            pk = ranked[0][1]
-            if len(ranked) > 1 or pools[pk].pages_per_block > 1:   # one page per choice
+            (cost, pk), rival = ranked[0], (ranked[1][0] if len(ranked) > 1 else None)
+            if pools[pk].pages_per_block > 1:                # one page per choice
                 evictor.evict_run(pk, 1)
                 continue
             evictor.evict_run(pk, num_pages - self.n_free,
-                              lambda prev, p, dead, gone: not index.kills_elsewhere(*pk, prev))
+                              self._keeps_giving(pk, pools[pk], evictor.index, cost, rival))
+
+    def _keeps_giving(self, pk, pool, index, cost, rival):
+        """``keep`` for Evictor.evict_run of giver ``pk`` (one-page blocks, ranked first at
+        ``cost``; ``rival``: the second's cost, None if none): ancestor p goes next in the
+        same run when dropping the block before it leaves nothing dead in another pool (which
+        would give that pool a victim of cost 0) and, against a rival, p is left dead and its
+        cost then -- 0 FLOPs saved, the giver holding one page less per block gone -- still
+        ranks first (the rival's victim and cost do not change: nothing of its own went)."""
+        saved, _, place = cost
+
+        def keep(prev, p, dead, gone):
+            if index.kills_elsewhere(*pk, prev):
+                return False
+            if rival is None:
+                return True
+            return dead and (0, gone - self.pages_held[pk], place) < rival
+        return keep
 
     # -- checks and stats -----------------------------------------------------------------------
     def check(self, pools):

@@ -316,19 +316,22 @@ class Evictor:
 
     def _run(self, pk, b, n, keep=None):
         """Up to n blocks that the block-by-block loop of make_room would evict one after
-        another from victim b on (a policy victim: no dead block is waiting), with their
-        event: b, then each ancestor left a leaf by the one before (PrefixIndex
-        .lone_ancestors) while it is cached and not blocked, leaves by the same event, is
-        accepted by the table, ``keep`` keeps it (when given: called with the block before
-        it, it, whether it is left dead and how many go before it) and is the victim next
-        (the ones left dead, else the policy's choice: ``run_length``)."""
-        if not self.runs or n < 2 or self.dead[pk] or self.on_evict is not None:
+        another from victim b on, with their event: b, then each ancestor left a leaf by the
+        one before (PrefixIndex.lone_ancestors) while it is cached and not blocked, leaves by
+        the same event, is accepted by the table, ``keep`` keeps it (when given: called with
+        the block before it, it, whether it is left dead and how many go before it) and is
+        the victim next.  The victim next: for a policy victim (no dead block waiting) the
+        ones left dead, else the policy's choice (``run_length``); for b the only dead block
+        waiting, the ancestors left dead (each the only one waiting in its turn)."""
+        dead_now = self.dead[pk]
+        if not self.runs or n < 2 or self.on_evict is not None or \
+                (dead_now and (len(dead_now) != 1 or b not in dead_now)):
             return [b], None
         pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
         event = _event(pool, b)
         run, forced = [b], set()
         for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
-            if len(run) >= n or p not in cached or p in blocked \
+            if len(run) >= n or p not in cached or p in blocked or (dead_now and not dead) \
                     or (keep is not None and not keep(run[-1], p, dead, len(run))):
                 break
             run.append(p)
@@ -339,7 +342,8 @@ class Evictor:
             if (not stale[0]) in stale:
                 run = run[:stale.index(not stale[0])]
             run = run[:pool.accepted(run, event)]
-            run = run[:self.policies[pk].run_length(run, forced)]
+            if not dead_now:
+                run = run[:self.policies[pk].run_length(run, forced)]
         return run, event
 
     def _drop_run(self, pk, run, event):

@@ -132,11 +132,11 @@ ARENA_PAGES = {"full": 40, "full+swa": 64}     # pressure: runs, and runs that m
 @settings(max_examples=25, deadline=None)
 @given(seq=calls)
 def test_arena_runs_give_the_pages_one_giver_choice_per_page_gives(layout, policy, seq):
-    """One arena: a giver pool with no rival evicts runs while they leave nothing dead in
-    another pool (Arena.make_room), the reference asks the giver again for every page.
-    Seeded: runs whatever the other pools hold (no rival test, no kills test) differ from
-    the reference on full+swa; either test alone is enough on these layouts (a drop that
-    leaves a cached object dead elsewhere only happens beside a rival)."""
+    """One arena: the giver evicts runs while they leave nothing dead in another pool and,
+    beside a rival, while each next block is left dead and would still rank first
+    (Arena.make_room); the reference asks the ranking again for every page.  The rival bar
+    and the kills test are each seeded in the two tests below (these sequences rarely reach
+    them: a dead ancestor anchors nothing, and the comp pool holds most pages)."""
     ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False, arena=ARENA_PAGES[layout])
     run = manager(LAYOUTS[layout], POLICIES[policy], runs=True, arena=ARENA_PAGES[layout])
     for call in seq:
@@ -188,3 +188,41 @@ def test_a_run_goes_through_the_table_index_and_policy_once():
     hooked = [(r.kind, r.group, key[0]) for r, _, key in h.evictor.on_evict.calls]
     assert hooked and removed == hooked
     h.check_invariants()
+
+
+def test_beside_a_rival_a_run_goes_on_only_while_the_giver_would_be_chosen_again():
+    """Arena.make_room beside a rival pool: ancestor p joins the giver's run only when p is
+    left dead and its cost then -- 0 FLOPs saved, one page fewer held per block gone, the
+    giver's place -- still ranks below the rival's cost; never when dropping the block
+    before it kills a checkpoint with an object in another pool."""
+    m = manager(LAYOUTS["full+swa"], ValuePolicy, runs=True, arena=ARENA_PAGES["full+swa"])
+    pk, arena = ("comp", "full"), m.arena
+    held = arena.pages_held[pk]
+    alone = arena._keeps_giving(pk, m.pools[pk], m.index, (5.0, -held, 0), None)
+    assert alone(0, 1, False, 1) and alone(0, 1, True, 1)      # no rival: the kills test only
+    keep = arena._keeps_giving(pk, m.pools[pk], m.index, (0, -held, 0), (0, 2 - held, 1))
+    assert [keep(0, 1, True, gone) for gone in range(4)] == [True, True, True, False]
+    assert not keep(0, 1, False, 1)           # a live ancestor: the policy's cost, not 0
+    play(m, "done", 0, 0, 80, 0)              # a checkpoint with a window snapshot
+    anchors = [b for b, e in m.index.entries[pk].items()
+               if m.index.kills_elsewhere(*pk, b)]
+    assert anchors, "a comp block anchors a checkpoint with a window snapshot"
+    for k in (alone, keep):
+        assert not k(anchors[0], 1, True, 1)
+
+
+def test_a_dead_victims_run_goes_on_only_through_ancestors_left_dead():
+    """The only dead block waiting goes with the ancestors each drop leaves dead (each the
+    only one waiting in its turn); an ancestor that still anchors a checkpoint is not left
+    dead, so the block-by-block loop would ask the policy next: the run stops below it."""
+    m = manager(LAYOUTS["full+swa"], ValuePolicy, runs=True)
+    play(m, "done", 0, 0, 80, 0)
+    pk, ents = ("comp", "full"), m.index.entries[("comp", "full")]
+    tip = next(b for b, e in ents.items() if not e.children and e.parent is not None
+               and ents[e.parent.block].anchored and len(ents[e.parent.block].children) == 1)
+    m.evictor.mark_dead([m.pools[pk].refs[tip]])
+    run, _ = m.evictor._run(pk, tip, 10)
+    assert run == [tip]
+    m.evictor.dead[pk].clear()
+    m.evictor.mark_dead([m.pools[pk].refs[ents[tip].parent.block]])
+    assert m.evictor._run(pk, tip, 10) == ([tip], None)     # another block waits first

@@ -63,44 +63,45 @@ class Evictor:
 
     def admit_reads(self, reads, tags=()):
         """``admit`` of each read (Read records, in order) whose block is unpinned and
-        published: what a free leaves cached.  Per pool, the sets and the policy block by
-        block, then liveness once over the blocks (``Liveness.settle_chain``: a chain given
-        tips first is walked once); the state ``admit`` + ``refresh`` block by block leaves
-        (what ``runs`` False does: the reference)."""
-        clock, index = self.clock, self.index
+        published: what a free leaves cached.  Per pool (``admit_pool_reads``), the sets and
+        the policy block by block, then liveness once over the blocks; the state ``admit`` +
+        ``refresh`` block by block leaves (what ``runs`` False does: the reference)."""
         if not self.runs:
+            index = self.index
             for r in reads:
                 if index.published(*r.ref) and self.pools[r.ref[:2]].recs.state(r.ref.block) \
                         != PINNED:
                     self.admit(r.ref, r.at, r.exact, tags)
             return
         for pk, group in _by_pool(reads).items():
-            pool, policy = self.pools[pk], self.policies[pk]
-            admitted, ents = self.admitted[pk], index.entries[pk]
-            tag = "/".join([pk[0], *(t for t in tags if t)])
-            blocks = [r.ref.block for r in group]
-            sts = pool.recs.values(blocks, "st")
-            keep = [i for i, (b, st) in enumerate(zip(blocks, sts))
-                    if st != PINNED and b in ents]
-            changed = [blocks[i] for i in keep]
-            if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
-                for i in keep:
-                    b, r = blocks[i], group[i]
-                    if b not in admitted:
-                        admitted.add(b)
-                        policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
-                                               pool.block_nbytes,
-                                               float(r.at * pool.n_layers), tag), clock)
-                    self._place_run(pk, (b,), (sts[i],))
-            else:                                           # admissions first, at once
-                fresh = []
-                for i in keep:                              # first read of a new block
-                    if blocks[i] not in admitted:
-                        admitted.add(blocks[i])
-                        fresh.append(i)
-                self._admit_chains(pk, [group[i] for i in fresh], tag)
-                self._place_run(pk, changed, [sts[i] for i in keep])
-            self.liveness.settle_chain(pk, changed)
+            self.admit_pool_reads(pk, group, [r.ref.block for r in group], tags)
+
+    def admit_pool_reads(self, pk, reads, blocks, tags=()):
+        """``admit_reads`` of reads of pool ``pk`` alone (``blocks``: their blocks, in order):
+        admitting a block reads and writes only its own pool's state, so a caller holding
+        its reads grouped by pool admits them pool by pool (``runs`` on).  Liveness settles
+        the chain once (``Liveness.settle_chain``: a chain given tips first is walked once)."""
+        pool, policy = self.pools[pk], self.policies[pk]
+        admitted, ents = self.admitted[pk], self.index.entries[pk]
+        tag = "/".join([pk[0], *(t for t in tags if t)])
+        sts = pool.recs.values(blocks, "st")
+        keep = [i for i, (b, st) in enumerate(zip(blocks, sts)) if st != PINNED and b in ents]
+        changed = [blocks[i] for i in keep] if len(keep) != len(blocks) else blocks
+        if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
+            for i in keep:
+                b, r = blocks[i], reads[i]
+                if b not in admitted:
+                    admitted.add(b)
+                    policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
+                                           pool.block_nbytes,
+                                           float(r.at * pool.n_layers), tag), self.clock)
+                self._place_run(pk, (b,), (sts[i],))
+        else:                                           # admissions first, at once
+            fresh = [reads[i] for i in keep if blocks[i] not in admitted]
+            admitted.update(r.ref.block for r in fresh)
+            self._admit_chains(pk, fresh, tag)
+            self._place_run(pk, changed, sts if changed is blocks else [sts[i] for i in keep])
+        self.liveness.settle_chain(pk, changed)
 
     def _admit_chains(self, pk, reads, tag):
         """New policy entries for ``reads`` (blocks not admitted yet), in order: one

@@ -441,8 +441,16 @@ class ObjectWriter:
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
         reads = req.reads[::-1]               # tips first: no liveness walks up a chain
-        batched = len({r.ref for r in reads}) == len(reads)
-        if batched:                           # admit reads only the block's own record
+        by_pool = {}
+        for r in reads:
+            by_pool.setdefault(r.ref[:2], []).append(r)
+        blocks = {pk: [r.ref.block for r in group] for pk, group in by_pool.items()}
+        if self.evictor.runs and all(len(set(b)) == len(b) for b in blocks.values()):
+            for pk, group in blocks.items():  # admit reads only the block's own record
+                self.pools[pk].fire_run(group, "unpin")
+            for pk, group in by_pool.items():
+                self.evictor.admit_pool_reads(pk, group, blocks[pk], (req.hint,))
+        elif len(set(r.ref for r in reads)) == len(reads):
             fire_runs(self.pools, [r.ref for r in reads], "unpin")
             self.evictor.admit_reads(reads, (req.hint,))
         else:

@@ -308,6 +308,13 @@ class CacheManager:
         points = self.snapshots.points(req, start, end)
         if not points:
             return points, need, subs
+        need_all, subs_all = dict(need), dict(subs)     # every point: counted at once
+        for more, into in ((self.snapshots.count(points), need_all),
+                           (self.subpages.count_snapshots(points), subs_all)):
+            for pk, n in more.items():
+                into[pk] = into.get(pk, 0) + n
+        if self.admission.fits(need_all, held, subs_all):
+            return {P: points[P] for P in sorted(points)}, need_all, subs_all
         order = sorted(points, key=lambda P: self.snapshots.priority(P, points[P]))
         point_need = [self.snapshots.count((P,)) for P in order]      # once per point
         point_subs = [self.subpages.count_snapshots((P,)) for P in order]
@@ -327,14 +334,12 @@ class CacheManager:
                 return True
             _, need_k, subs_k = sized(k)
             return self.admission.fits(need_k, held, subs_k)
-        lo, hi = 0, len(order)                # fits(lo); fits(hi) unknown, then False
-        if not fits(hi):
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-            self.snapshots.skipped += len(order) - lo
-            hi = lo
-        return sized(hi)
+        lo, hi = 0, len(order)                # fits(lo); fits(hi) False
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        self.snapshots.skipped += len(order) - lo
+        return sized(lo)
 
     @locked
     def pin(self, request_id):

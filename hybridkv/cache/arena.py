@@ -341,17 +341,16 @@ class Arena:
                 evictor.evict_run(pk, 1)
                 continue
             evictor.evict_run(pk, num_pages - self.n_free,
-                              self._keeps_giving(pk, pools[pk], evictor.index, cost, rival))
+                              self._keeps_giving(pk, evictor.index, cost[2], rival))
 
-    def _keeps_giving(self, pk, pool, index, cost, rival):
-        """``keep`` for Evictor.evict_run of giver ``pk`` (one-page blocks, ranked first at
-        ``cost``; ``rival``: the second's cost, None if none): ancestor p goes next in the
-        same run when dropping the block before it leaves nothing dead in another pool (which
-        would give that pool a victim of cost 0) and, against a rival, p is left dead and its
-        cost then -- 0 FLOPs saved, the giver holding one page less per block gone -- still
-        ranks first (the rival's victim and cost do not change: nothing of its own went)."""
-        saved, _, place = cost
-
+    def _keeps_giving(self, pk, index, place, rival):
+        """``keep`` for Evictor.evict_run of giver ``pk`` (one-page blocks, ranked first,
+        ``place`` its place in the pools; ``rival``: the second's cost, None if none):
+        ancestor p goes next in the same run when dropping the block before it leaves nothing
+        dead in another pool (which would give that pool a victim of cost 0) and, against a
+        rival, p is left dead and its cost then -- 0 FLOPs saved, the giver holding one page
+        less per block gone -- still ranks first (the rival's victim and cost do not change:
+        nothing of its own went)."""
         def keep(prev, p, dead, gone):
             if index.kills_elsewhere(*pk, prev):
                 return False

@@ -198,9 +198,9 @@ def test_beside_a_rival_a_run_goes_on_only_while_the_giver_would_be_chosen_again
     m = manager(LAYOUTS["full+swa"], ValuePolicy, runs=True, arena=ARENA_PAGES["full+swa"])
     pk, arena = ("comp", "full"), m.arena
     held = arena.pages_held[pk]
-    alone = arena._keeps_giving(pk, m.pools[pk], m.index, (5.0, -held, 0), None)
+    alone = arena._keeps_giving(pk, m.index, 0, None)
     assert alone(0, 1, False, 1) and alone(0, 1, True, 1)      # no rival: the kills test only
-    keep = arena._keeps_giving(pk, m.pools[pk], m.index, (0, -held, 0), (0, 2 - held, 1))
+    keep = arena._keeps_giving(pk, m.index, 0, (0, 2 - held, 1))
     assert [keep(0, 1, True, gone) for gone in range(4)] == [True, True, True, False]
     assert not keep(0, 1, False, 1)           # a live ancestor: the policy's cost, not 0
     play(m, "done", 0, 0, 80, 0)              # a checkpoint with a window snapshot

@@ -61,11 +61,14 @@ class Evictor:
                                               tag), self.clock)
         self.refresh(ref)
 
-    def admit_reads(self, reads, tags=()):
+    def admit_reads(self, reads, by_pool, blocks, tags=()):
         """``admit`` of each read (Read records, in order) whose block is unpinned and
-        published: what a free leaves cached.  Per pool (``admit_pool_reads``), the sets and
-        the policy block by block, then liveness once over the blocks; the state ``admit`` +
-        ``refresh`` block by block leaves (what ``runs`` False does: the reference)."""
+        published: what a free leaves cached.  ``by_pool``: the reads per pool, in order;
+        ``blocks``: their blocks (the caller grouped them once).  Admitting a block reads and
+        writes only its own pool's state, so per pool the sets and the policy block by block,
+        then liveness once over the blocks (``Liveness.settle_chain``: a chain given tips
+        first is walked once); the state ``admit`` + ``refresh`` block by block leaves (what
+        ``runs`` False does over ``reads``: the reference)."""
         if not self.runs:
             index = self.index
             for r in reads:
@@ -73,35 +76,29 @@ class Evictor:
                         != PINNED:
                     self.admit(r.ref, r.at, r.exact, tags)
             return
-        for pk, group in _by_pool(reads).items():
-            self.admit_pool_reads(pk, group, [r.ref.block for r in group], tags)
-
-    def admit_pool_reads(self, pk, reads, blocks, tags=()):
-        """``admit_reads`` of reads of pool ``pk`` alone (``blocks``: their blocks, in order):
-        admitting a block reads and writes only its own pool's state, so a caller holding
-        its reads grouped by pool admits them pool by pool (``runs`` on).  Liveness settles
-        the chain once (``Liveness.settle_chain``: a chain given tips first is walked once)."""
-        pool, policy = self.pools[pk], self.policies[pk]
-        admitted, ents = self.admitted[pk], self.index.entries[pk]
-        tag = "/".join([pk[0], *(t for t in tags if t)])
-        sts = pool.recs.values(blocks, "st")
-        keep = [i for i, (b, st) in enumerate(zip(blocks, sts)) if st != PINNED and b in ents]
-        changed = [blocks[i] for i in keep] if len(keep) != len(blocks) else blocks
-        if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
-            for i in keep:
-                b, r = blocks[i], reads[i]
-                if b not in admitted:
-                    admitted.add(b)
-                    policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
-                                           pool.block_nbytes,
-                                           float(r.at * pool.n_layers), tag), self.clock)
-                self._place_run(pk, (b,), (sts[i],))
-        else:                                           # admissions first, at once
-            fresh = [reads[i] for i in keep if blocks[i] not in admitted]
-            admitted.update(r.ref.block for r in fresh)
-            self._admit_chains(pk, fresh, tag)
-            self._place_run(pk, changed, sts if changed is blocks else [sts[i] for i in keep])
-        self.liveness.settle_chain(pk, changed)
+        for pk, group in by_pool.items():
+            pool, policy, pool_blocks = self.pools[pk], self.policies[pk], blocks[pk]
+            admitted, ents = self.admitted[pk], self.index.entries[pk]
+            tag = "/".join([pk[0], *(t for t in tags if t)])
+            sts = pool.recs.values(pool_blocks, "st")
+            keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
+                    if st != PINNED and b in ents]
+            changed = [pool_blocks[i] for i in keep]
+            if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
+                for i in keep:
+                    b, r = pool_blocks[i], group[i]
+                    if b not in admitted:
+                        admitted.add(b)
+                        policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
+                                               pool.block_nbytes,
+                                               float(r.at * pool.n_layers), tag), self.clock)
+                    self._place_run(pk, (b,), (sts[i],))
+            else:                                           # admissions first, at once
+                fresh = [group[i] for i in keep if pool_blocks[i] not in admitted]
+                admitted.update(r.ref.block for r in fresh)
+                self._admit_chains(pk, fresh, tag)
+                self._place_run(pk, changed, [sts[i] for i in keep])
+            self.liveness.settle_chain(pk, changed)
 
     def _admit_chains(self, pk, reads, tag):
         """New policy entries for ``reads`` (blocks not admitted yet), in order: one
@@ -131,9 +128,7 @@ class Evictor:
             elif not leaf and b in eligible:
                 policy.ineligible(b)
                 eligible.discard(b)
-        pool = self.pools[pk]
-        if pool.shadows is not None:
-            pool.touched.update(blocks)
+        self.pools[pk].touch_run(blocks)
 
     def entered(self, ref):
         """Block ``ref`` was just published (unfinished, so live): its parent gains a live
@@ -372,8 +367,7 @@ class Evictor:
             cached.difference_update(run)
         self.eligible[pk].difference_update(run)
         self.admitted[pk].difference_update(run)
-        if pool.shadows is not None:
-            pool.touched.update(run)
+        pool.touch_run(run)
         self.liveness.unlink_run(pk, run, parent)
         for p in leaves:
             self.refresh(p)
@@ -399,15 +393,6 @@ class Evictor:
                         pool.pages_held_by(b) for b in blocks):
                     bad.append((name + "-pages", pk, blocks.pages))
         return bad
-
-
-def _by_pool(reads):
-    """pool key -> its reads, each pool's in the order given (admitting a block reads and
-    writes only its own pool's state)."""
-    out = {}
-    for r in reads:
-        out.setdefault((r.ref.kind, r.ref.group), []).append(r)
-    return out
 
 
 def _event(pool, b, event="evict"):

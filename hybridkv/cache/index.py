@@ -288,58 +288,38 @@ class PrefixIndex:
         the one before (``lone_ancestors``).  Returns what those calls return together, less
         the run's own blocks: (the top one's parent if it lost its last child, the dead in the
         order the calls report them).  A link between two of the run's blocks is never
-        edited (both leave): a child's parent is not told it lost the child, so the parent's
-        own take skips what that edit would have reported, which the result leaves out."""
-        pk, leaves, dead = (kind, group), [], []
-        ents, exact, chain, kill = self.entries[pk], self.exact[pk], self.chain[pk], self._kill
-        run = set(blocks)
-        keeps_dead = pk != self.ends_pool
+        edited (both leave): ``_take`` skips it, and with it only reports of run blocks."""
+        pk, leaves, dead, run = (kind, group), [], [], set(blocks)
         for b in blocks:
-            e = ents.pop(b, None)
-            if e is None:
-                continue
-            m = exact if e.exact else chain
-            if m.get(e.key) == b:
-                del m[e.key]
-            for c in e.children:             # a forced drop (stale sweep): orphans
-                if c not in run:
-                    ents[c].parent = None
-            parent = e.parent
-            if parent is not None and parent.block not in run:
-                pe = ents.get(parent.block)
-                if pe is not None:
-                    pe.children = _removed(pe.children, b)
-                    if not pe.children:
-                        leaves.append(parent)
-                        if not pe.anchored and not pe.exact and keeps_dead:
-                            dead.append(parent)
-            if e.exact:
-                dead += kill(e.key)
-            elif e.anchored:
-                for ck in list(e.anchored):
-                    dead += kill(ck)
+            self._take(pk, b, leaves, dead, run)
         return leaves, [d for d in dead if d.block not in run or (d.kind, d.group) != pk]
 
-    def _take(self, pk, b, leaves, dead):
-        """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``)."""
-        e = self.entries[pk].pop(b, None)
+    def _take(self, pk, b, leaves, dead, run=frozenset()):
+        """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``).
+        Links to blocks in ``run`` (leaving with it, ``unpublish_run``) are left as they are."""
+        ents = self.entries[pk]
+        e = ents.pop(b, None)
         if e is None:
             return
         m = (self.exact if e.exact else self.chain)[pk]
         if m.get(e.key) == b:
             del m[e.key]
         for c in e.children:                 # a forced drop (stale sweep): orphans
-            self.entries[pk][c].parent = None
-        if e.parent is not None:
-            pe = self.entries[pk].get(e.parent.block)
+            if c not in run:
+                ents[c].parent = None
+        if e.parent is not None and e.parent.block not in run:
+            pe = ents.get(e.parent.block)
             if pe is not None:
                 pe.children = _removed(pe.children, b)
                 if not pe.children:
                     leaves.append(e.parent)
                     if not pe.anchored and not pe.exact and pk != self.ends_pool:
                         dead.append(e.parent)
-        for ck in ([e.key] if e.exact else list(e.anchored)):
-            dead += self._kill(ck)
+        if e.exact:
+            dead += self._kill(e.key)
+        elif e.anchored:
+            for ck in list(e.anchored):
+                dead += self._kill(ck)
 
     def lone_ancestors(self, kind, group, b):
         """The blocks that become leaves one after another as published block b and then each

@@ -26,6 +26,7 @@ pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for
 invariants after every public call (hybridkv.cache.checked).
 """
 import threading
+from functools import reduce
 from itertools import groupby
 
 from hybridkv.cache.admission import Admission
@@ -308,11 +309,8 @@ class CacheManager:
         points = self.snapshots.points(req, start, end)
         if not points:
             return points, need, subs
-        need_all, subs_all = dict(need), dict(subs)     # every point: counted at once
-        for more, into in ((self.snapshots.count(points), need_all),
-                           (self.subpages.count_snapshots(points), subs_all)):
-            for pk, n in more.items():
-                into[pk] = into.get(pk, 0) + n
+        need_all = merged(need, self.snapshots.count(points))     # every point at once
+        subs_all = merged(subs, self.subpages.count_snapshots(points))
         if self.admission.fits(need_all, held, subs_all):
             return {P: points[P] for P in sorted(points)}, need_all, subs_all
         order = sorted(points, key=lambda P: self.snapshots.priority(P, points[P]))
@@ -322,12 +320,9 @@ class CacheManager:
         def sized(k):
             """The first k points of ``order``, the allocation's blocks and sub-pages with
             theirs (what blocks_needed and count_snapshots give for them: sums per point)."""
-            need_k, subs_k = dict(need), dict(subs)
-            for more, into in ((point_need, need_k), (point_subs, subs_k)):
-                for counts in more[:k]:
-                    for pk, n in counts.items():
-                        into[pk] = into.get(pk, 0) + n
-            return {P: points[P] for P in sorted(order[:k])}, need_k, subs_k
+            return ({P: points[P] for P in sorted(order[:k])},
+                    reduce(merged, point_need[:k], dict(need)),
+                    reduce(merged, point_subs[:k], dict(subs)))
 
         def fits(k):
             if not k:
@@ -857,3 +852,4 @@ class CacheManager:
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
         end = start + num_new_tokens
         return req, end, end + num_draft_tokens
+

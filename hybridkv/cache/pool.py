@@ -325,6 +325,11 @@ class Pool:
         if self.shadows is not None:
             self.touched.add(b)
 
+    def touch_run(self, blocks):
+        """``touch`` of each of ``blocks``."""
+        if self.shadows is not None:
+            self.touched.update(blocks)
+
     def relocate(self, b):
         """Move block b's rows to the spare slot (its address changes), spec ``relocate``."""
         rec = self.recs[b]

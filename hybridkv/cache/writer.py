@@ -445,14 +445,10 @@ class ObjectWriter:
         for r in reads:
             by_pool.setdefault(r.ref[:2], []).append(r)
         blocks = {pk: [r.ref.block for r in group] for pk, group in by_pool.items()}
-        if self.evictor.runs and all(len(set(b)) == len(b) for b in blocks.values()):
-            for pk, group in blocks.items():  # admit reads only the block's own record
+        if all(len(set(b)) == len(b) for b in blocks.values()):   # distinct: admit reads
+            for pk, group in blocks.items():                      # only the block's own record
                 self.pools[pk].fire_run(group, "unpin")
-            for pk, group in by_pool.items():
-                self.evictor.admit_pool_reads(pk, group, blocks[pk], (req.hint,))
-        elif len(set(r.ref for r in reads)) == len(reads):
-            fire_runs(self.pools, [r.ref for r in reads], "unpin")
-            self.evictor.admit_reads(reads, (req.hint,))
+            self.evictor.admit_reads(reads, by_pool, blocks, (req.hint,))
         else:
             for r in reads:
                 pool = self.pools[(r.ref.kind, r.ref.group)]

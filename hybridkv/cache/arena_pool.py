@@ -32,6 +32,14 @@ class PageCountedSet(set):
             self.pages -= self.pages_of_block.pop(b)
             super().discard(b)
 
+    def update(self, blocks):
+        for b in blocks:
+            self.add(b)
+
+    def difference_update(self, blocks):
+        for b in blocks:
+            self.discard(b)
+
 
 class ArenaPool(Pool):
     """A pool whose block b holds arena page ``phys[b]`` from leaving FREE to returning to

@@ -14,10 +14,11 @@ admission counts per pool only what eviction can take, ``n_free + cached - block
 (hybridkv.cache.liveness.Liveness keeps live and blocked).
 """
 import contextlib
-from itertools import groupby
-from operator import attrgetter
+from itertools import groupby, repeat
+from operator import attrgetter, mul
 
 from hybridkv.cache.arena_pool import PageCountedSet
+from hybridkv.cache.funnel import READ_BLOCK
 from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
@@ -25,6 +26,9 @@ from hybridkv.policy import EntryMeta
 from spec.common import PINNED, READY, STALE
 
 CACHED_STATES = (READY, STALE)
+CACHED_SET = frozenset(CACHED_STATES)
+PLACE_RUN_MIN = 8       # a shorter run is placed block by block
+READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
 class Evictor:
@@ -81,9 +85,12 @@ class Evictor:
             admitted, ents = self.admitted[pk], self.index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             sts = pool.recs.values(pool_blocks, "st")
-            keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
-                    if st != PINNED and b in ents]
-            changed = [pool_blocks[i] for i in keep]
+            if PINNED not in sts and ents.keys() >= set(pool_blocks):   # every one changes
+                keep, changed, states = range(len(pool_blocks)), pool_blocks, sts
+            else:
+                keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
+                        if st != PINNED and b in ents]
+                changed, states = [pool_blocks[i] for i in keep], [sts[i] for i in keep]
             if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
                 for i in keep:
                     b, r = pool_blocks[i], group[i]
@@ -94,27 +101,44 @@ class Evictor:
                                                float(r.at * pool.n_layers), tag), self.clock)
                     self._place_run(pk, (b,), (sts[i],))
             else:                                           # admissions first, at once
-                fresh = [group[i] for i in keep if pool_blocks[i] not in admitted]
-                admitted.update(r.ref.block for r in fresh)
+                if changed is pool_blocks and admitted.isdisjoint(pool_blocks):
+                    fresh = group                           # none admitted yet
+                else:
+                    fresh = [group[i] for i in keep if pool_blocks[i] not in admitted]
+                admitted.update(map(READ_BLOCK, fresh))
                 self._admit_chains(pk, fresh, tag)
-                self._place_run(pk, changed, [sts[i] for i in keep])
+                self._place_run(pk, changed, states)
             self.liveness.settle_chain(pk, changed)
 
     def _admit_chains(self, pk, reads, tag):
         """New policy entries for ``reads`` (blocks not admitted yet), in order: one
         ``admit_chain`` per stretch of chain blocks or exact objects."""
         pool, policy = self.pools[pk], self.policies[pk]
-        for exact, stretch in groupby(reads, attrgetter("exact")):
-            stretch = list(stretch)
-            policy.admit_chain([r.ref.block for r in stretch],
+        stretches = [(False, reads)] if not any(map(READ_EXACT, reads)) else \
+            [(exact, list(stretch)) for exact, stretch in groupby(reads, READ_EXACT)]
+        for exact, stretch in stretches:
+            policy.admit_chain(list(map(READ_BLOCK, stretch)),
                                "checkpoint" if exact else "block", pool.block_nbytes,
-                               [float(r.at * pool.n_layers) for r in stretch], tag, self.clock)
+                               list(map(float, map(mul, map(READ_AT, stretch),
+                                                   repeat(pool.n_layers)))), tag, self.clock)
 
     def _place_run(self, pk, blocks, states):
         """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``
         and offered to the policy while a cached leaf (``refresh`` with the state in hand)."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
+        if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET:     # all cached
+            cached.update(blocks)
+            leaves = [b for b in blocks if not ents[b].children]
+            for b in eligible.intersection(blocks).difference(leaves):
+                policy.ineligible(b)            # (takes no sequence number: order is free)
+                eligible.discard(b)
+            for b in leaves:
+                if b not in eligible:
+                    policy.eligible(b)
+                    eligible.add(b)
+            self.pools[pk].touch_run(blocks)
+            return
         for b, st in zip(blocks, states):
             if st in CACHED_STATES:
                 cached.add(b)

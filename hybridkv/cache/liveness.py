@@ -9,7 +9,11 @@ chain for a run of blocks changing together (``settle_chain``, ``unlink_run``).
 The Evictor owns ``cached`` (what the policy may take) and tells this class which blocks
 changed; this class owns ``live``, ``below`` and ``blocked`` and only reads ``cached``.
 """
+from itertools import repeat
+
 from hybridkv.cache.arena_pool import PageCountedSet
+
+CHAIN_RUN_MIN = 8       # a shorter run is settled block by block
 
 
 class Liveness:
@@ -37,6 +41,8 @@ class Liveness:
         ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
         blocked, live = self.blocked[pk], self.live[pk]
         n = len(blocks)
+        if n >= CHAIN_RUN_MIN and self._settle_cached_chain(pk, blocks):
+            return
         for i, b in enumerate(blocks):
             nxt = blocks[i + 1] if i + 1 < n else None
             while b is not None:
@@ -57,6 +63,38 @@ class Liveness:
                 up = entry.parent.block
                 below[up] = below.get(up, 0) + (1 if now else -1)
                 b, nxt = (None if up == nxt else up), None
+
+    def _settle_cached_chain(self, pk, blocks):
+        """``settle_chain`` of a chain run given deepest first that was live and is all cached
+        now (a free of a request's chain), set by set instead of block by block; False (nothing
+        changed) when ``blocks`` is not such a run.  Block i had its child i-1 among its live
+        children, so it stays live only while it has another (``below`` > 1; the deepest: > 0)
+        or a block below it does: the first such block k and all above it stay live (blocked),
+        the blocks below k die, and when none stays, the top one's parent loses a live child
+        and settles on up."""
+        ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
+        live, n = self.live[pk], len(blocks)
+        try:
+            ups = [ents[b].parent.block for b in blocks[:-1]]
+            top = ents[blocks[-1]].parent
+        except (KeyError, AttributeError):          # unpublished, or a parent missing
+            return False
+        if ups != blocks[1:] or not (live.issuperset(blocks) and cached.issuperset(blocks)):
+            return False
+        counts = list(map(below.get, blocks, repeat(0)))
+        k = 0 if counts[0] > 0 else next((i for i in range(1, n) if counts[i] > 1), n)
+        dead, blocked = blocks[:k], self.blocked[pk]
+        live.difference_update(dead)
+        blocked.difference_update(dead)
+        below.update(zip(blocks[1:k], repeat(0)))
+        if k < n:
+            if k:
+                below[blocks[k]] = counts[k] - 1
+            blocked.update(blocks[k:])
+        elif top is not None:
+            below[top.block] = below.get(top.block, 0) - 1
+            self.settle_chain(pk, (top.block,))
+        return True
 
     def entered_run(self, pk, first, blocks):
         """Chain blocks ``blocks`` were just published under ``first`` (already settled), each

@@ -27,7 +27,7 @@ from spec.common import PINNED, READY, STALE
 
 CACHED_STATES = (READY, STALE)
 CACHED_SET = frozenset(CACHED_STATES)
-PLACE_RUN_MIN = 8       # a shorter run is placed block by block
+PLACE_RUN_MIN = 2       # a single block is placed alone
 READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
@@ -127,16 +127,13 @@ class Evictor:
         and offered to the policy while a cached leaf (``refresh`` with the state in hand)."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
-        if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET:     # all cached
+        if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET and \
+                eligible.isdisjoint(blocks):        # newly cached (a free): the leaves join
             cached.update(blocks)
             leaves = [b for b in blocks if not ents[b].children]
-            for b in eligible.intersection(blocks).difference(leaves):
-                policy.ineligible(b)            # (takes no sequence number: order is free)
-                eligible.discard(b)
             for b in leaves:
-                if b not in eligible:
-                    policy.eligible(b)
-                    eligible.add(b)
+                policy.eligible(b)
+            eligible.update(leaves)
             self.pools[pk].touch_run(blocks)
             return
         for b, st in zip(blocks, states):

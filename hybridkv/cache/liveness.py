@@ -13,7 +13,7 @@ from itertools import repeat
 
 from hybridkv.cache.arena_pool import PageCountedSet
 
-CHAIN_RUN_MIN = 8       # a shorter run is settled block by block
+CHAIN_RUN_MIN = 2       # a single block is settled alone
 
 
 class Liveness:

@@ -68,6 +68,11 @@ class _Entry:
         self.children = children   # blocks of the same pool whose parent this is
         self.anchored = NONE       # chain keys of checkpoints hanging from this block
 
+    def refill(self, key, exact, parent, children=NONE):
+        """This entry, reused for its block's next publication, as new."""
+        self.key, self.exact, self.parent = key, exact, parent
+        self.children, self.anchored = children, NONE
+
 
 def _h(*parts):
     m = hashlib.blake2b(digest_size=16)
@@ -119,6 +124,10 @@ class PrefixIndex:
         self.chain = {pk: {} for pk in pks}        # chain key -> block
         self.exact = {pk: {} for pk in pks}        # chain key at H -> block
         self.entries = {pk: {} for pk in pks}      # block -> _Entry
+        self.made = {pk: {} for pk in pks}         # block -> its one _Entry, kept when it
+        # leaves and refilled when it is published again: the garbage collector sees one
+        # long-lived object per block id, not one per publication (full collections grow
+        # with the objects that outlive the young generations)
         self.ckpts = {}                            # chain key -> Checkpoint
         self.ends_pool = _ends_pool(layout)        # its chain map records its block ends
         self.ends = None if self.ends_pool is None else self.chain[self.ends_pool]
@@ -221,7 +230,12 @@ class PrefixIndex:
         m[key] = ref.block
         if parent is not None and parent.block not in self.entries[pk]:
             parent = None
-        self.entries[pk][ref.block] = _Entry(key, exact, parent)
+        e = self.made[pk].get(ref.block)
+        if e is None:
+            e = self.made[pk][ref.block] = _Entry(key, exact, parent)
+        else:
+            e.refill(key, exact, parent)
+        self.entries[pk][ref.block] = e
         if parent is not None:
             pe = self.entries[pk][parent.block]
             pe.children = _added(pe.children, ref.block)
@@ -240,9 +254,17 @@ class PrefixIndex:
             pe = ents[parent.block]
             pe.children = _added(pe.children, blocks[0])
         m.update(zip(keys, blocks))
-        ents.update(zip(blocks, map(_Entry, keys, repeat(False),
-                                    [parent, *map(refs.__getitem__, blocks[:-1])],
-                                    [*map(_one, blocks[1:]), NONE])))
+        made = self.made[pk]
+        parents = [parent, *map(refs.__getitem__, blocks[:-1])]
+        children = [*map(_one, blocks[1:]), NONE]
+        kept = list(map(made.get, blocks))
+        if None in kept:            # some block's first publication: new entries for the run
+            kept = list(map(_Entry, keys, repeat(False), parents, children))
+            made.update(zip(blocks, kept))
+        else:                       # every block's entry refilled
+            for e, key, up, down in zip(kept, keys, parents, children):
+                e.refill(key, False, up, down)
+        ents.update(zip(blocks, kept))
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False

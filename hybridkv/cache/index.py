@@ -49,10 +49,6 @@ def _added(members, x):
     return members
 
 
-def _one(x):
-    return (x,)
-
-
 def _removed(members, x):
     if type(members) is tuple:
         return NONE if members == (x,) else members
@@ -256,7 +252,7 @@ class PrefixIndex:
         m.update(zip(keys, blocks))
         made = self.made[pk]
         parents = [parent, *map(refs.__getitem__, blocks[:-1])]
-        children = [*map(_one, blocks[1:]), NONE]
+        children = [*zip(blocks[1:]), NONE]                # 1-tuples, as _added makes
         kept = list(map(made.get, blocks))
         if None in kept:            # some block's first publication: new entries for the run
             kept = list(map(_Entry, keys, repeat(False), parents, children))

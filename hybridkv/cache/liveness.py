@@ -10,6 +10,7 @@ The Evictor owns ``cached`` (what the policy may take) and tells this class whic
 changed; this class owns ``live``, ``below`` and ``blocked`` and only reads ``cached``.
 """
 from itertools import repeat
+from operator import add
 
 from hybridkv.cache.arena_pool import PageCountedSet
 
@@ -100,13 +101,13 @@ class Liveness:
         """Chain blocks ``blocks`` were just published under ``first`` (already settled), each
         the next one's child: each is a live child of a fresh (live, uncached) block, so
         nothing travels."""
+        if not blocks:
+            return
         live, below, blocked = self.live[pk], self.below[pk], self.blocked[pk]
-        prev = first
-        for b in blocks:
-            blocked.discard(b)
-            live.add(b)
-            below[prev] = below.get(prev, 0) + 1
-            prev = b
+        blocked.difference_update(blocks)
+        live.update(blocks)
+        parents = [first, *blocks[:-1]]             # each gains one live child
+        below.update(zip(parents, map(add, map(below.get, parents, repeat(0)), repeat(1))))
 
     def unlink(self, pk, b, parent):
         """Block b left the index: its liveness leaves its parent's count."""

@@ -114,9 +114,8 @@ class Evictor:
         """New policy entries for ``reads`` (blocks not admitted yet), in order: one
         ``admit_chain`` per stretch of chain blocks or exact objects."""
         pool, policy = self.pools[pk], self.policies[pk]
-        stretches = [(False, reads)] if not any(map(READ_EXACT, reads)) else \
-            [(exact, list(stretch)) for exact, stretch in groupby(reads, READ_EXACT)]
-        for exact, stretch in stretches:
+        for exact, stretch in groupby(reads, READ_EXACT):
+            stretch = list(stretch)
             policy.admit_chain(list(map(READ_BLOCK, stretch)),
                                "checkpoint" if exact else "block", pool.block_nbytes,
                                list(map(float, map(mul, map(READ_AT, stretch),

@@ -60,14 +60,13 @@ class _Entry:
     __slots__ = ("key", "exact", "parent", "children", "anchored")
 
     def __init__(self, key, exact, parent, children=NONE):
+        self.refill(key, exact, parent, children)
+
+    def refill(self, key, exact, parent, children=NONE):
+        """This entry as new (also when reused for its block's next publication)."""
         self.key, self.exact, self.parent = key, exact, parent
         self.children = children   # blocks of the same pool whose parent this is
         self.anchored = NONE       # chain keys of checkpoints hanging from this block
-
-    def refill(self, key, exact, parent, children=NONE):
-        """This entry, reused for its block's next publication, as new."""
-        self.key, self.exact, self.parent = key, exact, parent
-        self.children, self.anchored = children, NONE
 
 
 def _h(*parts):

@@ -94,7 +94,7 @@ class Liveness:
             blocked.update(blocks[k:])
         elif top is not None:
             below[top.block] = below.get(top.block, 0) - 1
-            self.settle_chain(pk, (top.block,))
+            self.settle(pk, top.block)
         return True
 
     def entered_run(self, pk, first, blocks):

@@ -852,4 +852,3 @@ class CacheManager:
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
         end = start + num_new_tokens
         return req, end, end + num_draft_tokens
-

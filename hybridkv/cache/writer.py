@@ -19,7 +19,7 @@ its pages, the tails, the open compressed and indexer blocks (copy on write).
 import collections
 import heapq
 
-from hybridkv.cache.funnel import READ_BLOCK, READ_POOL, Read
+from hybridkv.cache.funnel import READ_BLOCK, Read
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS, ceil_div
@@ -441,13 +441,9 @@ class ObjectWriter:
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
         reads = req.reads[::-1]               # tips first: no liveness walks up a chain
-        pks = set(map(READ_POOL, reads))
-        if len(pks) == 1:                     # one pool (full attention): the reads as they are
-            by_pool = {pks.pop(): reads}
-        else:
-            by_pool = {}
-            for r in reads:
-                by_pool.setdefault(r.ref[:2], []).append(r)
+        by_pool = {}
+        for r in reads:
+            by_pool.setdefault(r.ref[:2], []).append(r)
         blocks = {pk: list(map(READ_BLOCK, group)) for pk, group in by_pool.items()}
         if all(len(set(b)) == len(b) for b in blocks.values()):   # distinct: admit reads
             for pk, group in blocks.items():                      # only the block's own record

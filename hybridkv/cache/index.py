@@ -22,7 +22,6 @@ while the chain block ending there is published, so the chain map is its record
 """
 import hashlib
 from array import array
-from itertools import repeat
 from typing import NamedTuple
 
 
@@ -119,10 +118,11 @@ class PrefixIndex:
         self.chain = {pk: {} for pk in pks}        # chain key -> block
         self.exact = {pk: {} for pk in pks}        # chain key at H -> block
         self.entries = {pk: {} for pk in pks}      # block -> _Entry
-        self.made = {pk: {} for pk in pks}         # block -> its one _Entry, kept when it
-        # leaves and refilled when it is published again: the garbage collector sees one
-        # long-lived object per block id, not one per publication (full collections grow
-        # with the objects that outlive the young generations)
+        self.made = {pk: [_Entry(None, False, None) for _ in range(len(refs[pk]))]
+                     for pk in pks}                # block -> its one _Entry, made with the
+        # index, filled when the block is published (refilled on each publication): the
+        # garbage collector finds one object per block id in the start-up heap, never one
+        # per publication piling up in the old generation (full collections grow with those)
         self.ckpts = {}                            # chain key -> Checkpoint
         self.ends_pool = _ends_pool(layout)        # its chain map records its block ends
         self.ends = None if self.ends_pool is None else self.chain[self.ends_pool]
@@ -225,11 +225,8 @@ class PrefixIndex:
         m[key] = ref.block
         if parent is not None and parent.block not in self.entries[pk]:
             parent = None
-        e = self.made[pk].get(ref.block)
-        if e is None:
-            e = self.made[pk][ref.block] = _Entry(key, exact, parent)
-        else:
-            e.refill(key, exact, parent)
+        e = self.made[pk][ref.block]
+        e.refill(key, exact, parent)
         self.entries[pk][ref.block] = e
         if parent is not None:
             pe = self.entries[pk][parent.block]
@@ -252,13 +249,9 @@ class PrefixIndex:
         made = self.made[pk]
         parents = [parent, *map(refs.__getitem__, blocks[:-1])]
         children = [*zip(blocks[1:]), NONE]                # 1-tuples, as _added makes
-        kept = list(map(made.get, blocks))
-        if None in kept:            # some block's first publication: new entries for the run
-            kept = list(map(_Entry, keys, repeat(False), parents, children))
-            made.update(zip(blocks, kept))
-        else:                       # every block's entry refilled
-            for e, key, up, down in zip(kept, keys, parents, children):
-                e.refill(key, False, up, down)
+        kept = list(map(made.__getitem__, blocks))
+        for e, key, up, down in zip(kept, keys, parents, children):
+            e.refill(key, False, up, down)
         ents.update(zip(blocks, kept))
 
     def add_checkpoint(self, H, key, anchors):

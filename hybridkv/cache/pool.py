@@ -15,6 +15,8 @@ each block (CheckedMachine).  ``fire_run`` is ``fire`` for a run of blocks chang
 together (a prefill's chain blocks, a free's reads): one gather of the run's rows, the table's
 guards and the effect called once over them as columns, one scatter back.
 """
+from functools import partial
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -42,17 +44,15 @@ class ObjRef(NamedTuple):
 
 
 class BlockRefs(dict):
-    """block id -> the pool's one ObjRef for it, made on first use and kept: the index, the
-    requests and the evictor share it (no per-use tuple for the collector to chase)."""
-    __slots__ = ("kind", "group")
+    """block id -> the pool's one ObjRef for it, every one made with the pool and kept: the
+    index, the evictor and the launches share it (no per-use tuple), and the garbage
+    collector finds them in the start-up heap (an engine freezes it, as vLLM's does with its
+    block objects), not piling up in the old generation as block ids are first used."""
+    __slots__ = ()
 
-    def __init__(self, kind, group):
-        super().__init__()
-        self.kind, self.group = kind, group
-
-    def __missing__(self, b):
-        ref = self[b] = ObjRef(self.kind, self.group, b)
-        return ref
+    def __init__(self, kind, group, num_blocks):
+        super().__init__(zip(range(num_blocks), map(partial(tuple.__new__, ObjRef), zip(
+            repeat(kind), repeat(group), range(num_blocks)))))
 
 
 class Pool:
@@ -78,7 +78,7 @@ class Pool:
                       for name, t in self.data.items()}       # rows a slot has, bytes a row
         self._base = self._first.data_ptr()
         self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
-        self.refs = BlockRefs(kind, self.group)     # block -> its one ObjRef
+        self.refs = BlockRefs(kind, self.group, num_blocks)   # block -> its ObjRef
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks

@@ -15,10 +15,9 @@ admission counts per pool only what eviction can take, ``n_free + cached - block
 """
 import contextlib
 from itertools import groupby, repeat
-from operator import attrgetter, mul
+from operator import mul
 
 from hybridkv.cache.arena_pool import PageCountedSet
-from hybridkv.cache.funnel import READ_BLOCK
 from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
@@ -28,7 +27,6 @@ from spec.common import PINNED, READY, STALE
 CACHED_STATES = (READY, STALE)
 CACHED_SET = frozenset(CACHED_STATES)
 PLACE_RUN_MIN = 2       # a single block is placed alone
-READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
 class Evictor:
@@ -65,23 +63,23 @@ class Evictor:
                                               tag), self.clock)
         self.refresh(ref)
 
-    def admit_reads(self, reads, by_pool, blocks, tags=()):
-        """``admit`` of each read (Read records, in order) whose block is unpinned and
-        published: what a free leaves cached.  ``by_pool``: the reads per pool, in order;
-        ``blocks``: their blocks (the caller grouped them once).  Admitting a block reads and
-        writes only its own pool's state, so per pool the sets and the policy block by block,
-        then liveness once over the blocks (``Liveness.settle_chain``: a chain given tips
-        first is walked once); the state ``admit`` + ``refresh`` block by block leaves (what
-        ``runs`` False does over ``reads``: the reference)."""
+    def admit_reads(self, runs, tags=()):
+        """``admit`` of each read block that is unpinned and published: what a free leaves
+        cached.  ``runs``: pool key -> (blocks, positions, exact flags) of the request's
+        reads, in order.  Admitting a block reads and writes only its own pool's state, so
+        per pool the sets and the policy block by block, then liveness once over the blocks
+        (``Liveness.settle_chain``: a chain given tips first is walked once); the state
+        ``admit`` + ``refresh`` block by block leaves (what ``runs`` False does: the
+        reference)."""
         if not self.runs:
-            index = self.index
-            for r in reads:
-                if index.published(*r.ref) and self.pools[r.ref[:2]].recs.state(r.ref.block) \
-                        != PINNED:
-                    self.admit(r.ref, r.at, r.exact, tags)
+            for pk, (blocks, at, exact) in runs.items():
+                pool = self.pools[pk]
+                for b, a, e in zip(blocks, at, exact):
+                    if self.index.published(*pk, b) and pool.recs.state(b) != PINNED:
+                        self.admit(pool.refs[b], a, e, tags)
             return
-        for pk, group in by_pool.items():
-            pool, policy, pool_blocks = self.pools[pk], self.policies[pk], blocks[pk]
+        for pk, (pool_blocks, at, exact) in runs.items():
+            pool, policy = self.pools[pk], self.policies[pk]
             admitted, ents = self.admitted[pk], self.index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             sts = pool.recs.values(pool_blocks, "st")
@@ -93,33 +91,39 @@ class Evictor:
                 changed, states = [pool_blocks[i] for i in keep], [sts[i] for i in keep]
             if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
                 for i in keep:
-                    b, r = pool_blocks[i], group[i]
+                    b = pool_blocks[i]
                     if b not in admitted:
                         admitted.add(b)
-                        policy.admit(EntryMeta(b, "checkpoint" if r.exact else "block",
+                        policy.admit(EntryMeta(b, "checkpoint" if exact[i] else "block",
                                                pool.block_nbytes,
-                                               float(r.at * pool.n_layers), tag), self.clock)
+                                               float(at[i] * pool.n_layers), tag), self.clock)
                     self._place_run(pk, (b,), (sts[i],))
             else:                                           # admissions first, at once
-                if changed is pool_blocks and admitted.isdisjoint(pool_blocks):
-                    fresh = group                           # none admitted yet
-                else:
-                    fresh = [group[i] for i in keep if pool_blocks[i] not in admitted]
-                admitted.update(map(READ_BLOCK, fresh))
-                self._admit_chains(pk, fresh, tag)
+                if changed is not pool_blocks or not admitted.isdisjoint(pool_blocks):
+                    fresh = [i for i in keep if pool_blocks[i] not in admitted]
+                    pool_blocks, at, exact = ([col[i] for i in fresh]
+                                              for col in (pool_blocks, at, exact))
+                admitted.update(pool_blocks)                # else none admitted yet: all
+                self._admit_chains(pk, pool_blocks, at, exact, tag)
                 self._place_run(pk, changed, states)
             self.liveness.settle_chain(pk, changed)
 
-    def _admit_chains(self, pk, reads, tag):
-        """New policy entries for ``reads`` (blocks not admitted yet), in order: one
-        ``admit_chain`` per stretch of chain blocks or exact objects."""
+    def _admit_chains(self, pk, blocks, at, exact, tag):
+        """New policy entries for ``blocks`` (not admitted yet; their positions and exact
+        flags beside them), in order: one ``admit_chain`` per stretch of chain blocks or
+        exact objects."""
         pool, policy = self.pools[pk], self.policies[pk]
-        for exact, stretch in groupby(reads, READ_EXACT):
+        stretches = [(False, range(len(blocks)))] if True not in exact else \
+            groupby(range(len(blocks)), exact.__getitem__)
+        for e, stretch in stretches:
             stretch = list(stretch)
-            policy.admit_chain(list(map(READ_BLOCK, stretch)),
-                               "checkpoint" if exact else "block", pool.block_nbytes,
-                               list(map(float, map(mul, map(READ_AT, stretch),
-                                                   repeat(pool.n_layers)))), tag, self.clock)
+            if len(stretch) < len(blocks):
+                run_blocks, run_at = [blocks[i] for i in stretch], [at[i] for i in stretch]
+            else:
+                run_blocks, run_at = blocks, at
+            policy.admit_chain(run_blocks, "checkpoint" if e else "block", pool.block_nbytes,
+                               list(map(float, map(mul, run_at, repeat(pool.n_layers)))),
+                               tag, self.clock)
 
     def _place_run(self, pk, blocks, states):
         """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``

@@ -80,7 +80,7 @@ class Read(NamedTuple):
     exact: bool = False
 
 
-_new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
+new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
 
 
 READ_POOL = attrgetter("ref.kind", "ref.group")                  # a Read's pool key
@@ -221,7 +221,7 @@ def _passing_prefix(pool, cx, blocks, bs):
         ok &= fn(mod, o, at, cx)
     ok &= pool.bytes_ok_run(blocks)
     m = n if ok.all() else int(np.argmin(ok))
-    return list(map(_new_read, zip(map(pool.refs.__getitem__, blocks[:m]), at[:m].tolist(),
+    return list(map(new_read, zip(map(pool.refs.__getitem__, blocks[:m]), at[:m].tolist(),
                                    o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m))))
 
 

@@ -38,6 +38,7 @@ from hybridkv.cache.funnel import (READ_BLOCK, READ_EP, READ_POOL, READ_POOL_EXA
                                    HitPlan, Read, run_funnel)
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
 from hybridkv.cache.pool import ObjRef, Pool
+from hybridkv.cache.reads import Reads
 from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
                                    check_tokens, lookup_tokens)
@@ -61,19 +62,22 @@ STATE_NAMES = {FREE: "free", WRITING: "writing", READY: "ready", PINNED: "pinned
 
 
 class LivePins:
-    """Pins of a request's reads, read from the pool records each time they are iterated."""
-    __slots__ = ("pools", "reads")
+    """Pins of a request's reads (PoolReads), read from the pool records each time they are
+    iterated."""
+    __slots__ = ("pools", "runs")
 
-    def __init__(self, pools, reads):
-        self.pools, self.reads = pools, reads
+    def __init__(self, pools, runs):
+        self.pools, self.runs = pools, runs
 
     def __iter__(self):
-        for r in self.reads:
-            rec = self.pools[(r.ref.kind, r.ref.group)].recs[r.ref.block]
-            yield PinCheck(rec.pins, r.ver, rec.ver, r.ep, rec.ep)
+        for run in self.runs:
+            recs = self.pools[(run.kind, run.group)].recs
+            for b, ver, ep in zip(run.blocks, run.ver, run.ep):
+                rec = recs[b]
+                yield PinCheck(rec.pins, ver, rec.ver, ep, rec.ep)
 
     def __len__(self):
-        return len(self.reads)
+        return sum(map(len, self.runs))
 
 
 def _device(device):
@@ -249,7 +253,7 @@ class CacheManager:
                 self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
             self.evictor.refresh(r.ref)
             self.evictor.access(r.ref)
-        req.reads = list(req.plan.reads)
+        req.reads = Reads(req.plan.reads)
         H = req.plan.reuse_tokens
         req.num_computed_tokens = req.num_allocated_tokens = H
         req.phase = HELD
@@ -418,7 +422,8 @@ class CacheManager:
         req = self._request(request_id)
         if group is not None and group not in self.ctx:
             raise BadArgument("no such group", group)
-        return LivePins(self.pools, [r for r in req.reads if group is None or r.ref.group == group])
+        return LivePins(self.pools, [run for (_, g), run in req.reads.runs()
+                                     if group is None or g == group])
 
     @locked
     def begin_read(self, request_id):
@@ -427,8 +432,11 @@ class CacheManager:
         req = self._request(request_id)
         if req.phase not in (HELD, RUNNING):
             raise RequestBusy("begin_read needs pinned objects", request_id)
-        for r in req.reads:
-            if not self.read_ok(r):
+        for (kind, group), run in req.reads.runs():
+            recs, blocks = self.pools[(kind, group)].recs, run.blocks
+            if not all(map(can_read_pinned, recs.values(blocks, "pins"), run.ver,
+                           recs.values(blocks, "ver"), run.ep, recs.values(blocks, "ep"))):
+                r = next(r for r in run if not self.read_ok(r))
                 raise StaleRead("pinned object changed before the read", tuple(r.ref))
         req.phase = RUNNING
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from hybridkv.cache.funnel import HitPlan
 from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.reads import Reads
 from hybridkv.errors import BadArgument, BadTokens
 from spec.state import LOOKED
 
@@ -133,7 +134,7 @@ class Request:
     num_settled_tokens: int = 0     # positions whose queries have run: windows slide past
     #                                 those only (commit's settled_tokens; all committed ones
     #                                 by default)
-    reads: list = field(default_factory=list)      # Read: pinned shared objects it reads
+    reads: Reads = field(default_factory=Reads)    # pinned shared objects it reads, by pool
     tables: dict = field(default_factory=dict)     # group -> GroupTables
     work: dict = field(default_factory=dict)       # group -> GroupWork
     blocks: dict = field(default_factory=dict)     # chain pool -> logical block per chain index

@@ -19,7 +19,7 @@ its pages, the tails, the open compressed and indexer blocks (copy on write).
 import collections
 import heapq
 
-from hybridkv.cache.funnel import READ_BLOCK, Read
+from hybridkv.cache.reads import Reads
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS, ceil_div
@@ -367,9 +367,8 @@ class ObjectWriter:
         pool.fire_run(blocks, "fill")
         pool.fire_run(blocks, "seal")
         pool.fire_run(blocks, "pin")               # its writer keeps reading it
-        vers = pool.recs.values(blocks, "ver")
-        eps = pool.recs.values(blocks, "ep")
-        req.reads.extend([Read(o.ref, o.at, v, e) for o, v, e in zip(sealed, vers, eps)])
+        req.reads.add(pool.kind, pool.group, blocks, [o.at for o in sealed],
+                      pool.recs.values(blocks, "ver"), pool.recs.values(blocks, "ep"))
 
     def slide(self, req, L):
         """Release window pages no later query reads (positions below ``g.oldest_read(L)``:
@@ -440,19 +439,17 @@ class ObjectWriter:
         for o in list(req.working_objects()):
             self.evictor.drop(o.ref, "reject")
         self.snapshots.finish(req)
-        reads = req.reads[::-1]               # tips first: no liveness walks up a chain
-        by_pool = {}
-        for r in reads:
-            by_pool.setdefault(r.ref[:2], []).append(r)
-        blocks = {pk: list(map(READ_BLOCK, group)) for pk, group in by_pool.items()}
-        if all(len(set(b)) == len(b) for b in blocks.values()):   # distinct: admit reads
-            for pk, group in blocks.items():                      # only the block's own record
-                self.pools[pk].fire_run(group, "unpin")
-            self.evictor.admit_reads(reads, by_pool, blocks, (req.hint,))
+        runs = {pk: (p.blocks[::-1], p.at[::-1], p.exact[::-1])   # tips first: no liveness
+                for pk, p in req.reads.runs()}                     # walks up a chain
+        if all(len(set(blocks)) == len(blocks) for blocks, _, _ in runs.values()):
+            for pk, (blocks, _, _) in runs.items():        # distinct: a run per pool, each
+                self.pools[pk].fire_run(blocks, "unpin")   # block's own record only
+            self.evictor.admit_reads(runs, (req.hint,))
         else:
-            for r in reads:
-                pool = self.pools[(r.ref.kind, r.ref.group)]
-                pool.fire(r.ref.block, "unpin")
-                if pool.recs.state(r.ref.block) != PINNED and self.index.published(*r.ref):
-                    self.evictor.admit(r.ref, r.at, r.exact, (req.hint,))
-        req.reads, req.drafts, req.private, req.work, req.chain = [], [], [], {}, {}
+            for pk, (blocks, at, exact) in runs.items():
+                pool = self.pools[pk]
+                for b, a, e in zip(blocks, at, exact):
+                    pool.fire(b, "unpin")
+                    if pool.recs.state(b) != PINNED and self.index.published(*pk, b):
+                        self.evictor.admit(pool.refs[b], a, e, (req.hint,))
+        req.reads, req.drafts, req.private, req.work, req.chain = Reads(), [], [], {}, {}

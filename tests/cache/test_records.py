@@ -52,7 +52,8 @@ def test_load_replaces_every_record_or_nothing():
 
 def test_index_requests_and_evictor_share_the_pools_one_ref_per_block():
     """A block's ObjRef is made once (BlockRefs) and every structure that names the block holds
-    that very object: index parents and checkpoint anchors, a request's reads and chain."""
+    that very object (index parents, checkpoint anchors); a request's reads keep the block ids
+    alone (hybridkv.cache.reads) and name the same refs."""
     m = mk(checked=False)
     run(m, "a", P40)
     run(m, "b", P40 + [1, 2, 3], free=False)
@@ -67,9 +68,10 @@ def test_index_requests_and_evictor_share_the_pools_one_ref_per_block():
         for a in ck.anchors:
             assert a is m.pools[(a.kind, a.group)].refs[a.block]
             seen += 1
-    for r in m.requests["b"].reads:
-        assert r.ref is m.pools[(r.ref.kind, r.ref.group)].refs[r.ref.block]
-        seen += 1
+    for pk, taken in m.requests["b"].reads.runs():    # a request keeps block ids, no refs
+        assert taken.blocks and all(type(b) is int for b in taken.blocks)
+        assert [r.ref for r in taken] == [m.pools[pk].refs[b] for b in taken.blocks]
+        seen += len(taken)
     assert seen > 10
     pool = next(iter(m.pools.values()))
     assert pool.refs[7] == ObjRef(pool.kind, pool.group, 7) and pool.refs[7] is pool.refs[7]

@@ -22,6 +22,7 @@ while the chain block ending there is published, so the chain map is its record
 """
 import hashlib
 from array import array
+from itertools import repeat
 from typing import NamedTuple
 
 
@@ -118,11 +119,11 @@ class PrefixIndex:
         self.chain = {pk: {} for pk in pks}        # chain key -> block
         self.exact = {pk: {} for pk in pks}        # chain key at H -> block
         self.entries = {pk: {} for pk in pks}      # block -> _Entry
-        self.made = {pk: [_Entry(None, False, None) for _ in range(len(refs[pk]))]
-                     for pk in pks}                # block -> its one _Entry, made with the
-        # index, filled when the block is published (refilled on each publication): the
-        # garbage collector finds one object per block id in the start-up heap, never one
-        # per publication piling up in the old generation (full collections grow with those)
+        self.made = {pk: list(map(object.__new__, repeat(_Entry, len(refs[pk]))))
+                     for pk in pks}                # block -> its one _Entry, made blank with
+        # the index, filled when the block is published (refilled on each publication; read
+        # only through ``entries``): the garbage collector finds one object per block id in
+        # the start-up heap, never one per publication piling up in the old generation
         self.ckpts = {}                            # chain key -> Checkpoint
         self.ends_pool = _ends_pool(layout)        # its chain map records its block ends
         self.ends = None if self.ends_pool is None else self.chain[self.ends_pool]

@@ -25,6 +25,8 @@ pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
 invariants after every public call (hybridkv.cache.checked).
 """
+import contextlib
+import gc
 import threading
 from functools import reduce
 from itertools import groupby
@@ -80,6 +82,20 @@ class LivePins:
         return sum(map(len, self.runs))
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """The garbage collector off while the manager makes its per-block objects (as many as
+    every pool's blocks): they all live as long as the manager, and a collection pass while
+    they pile up would rescan them over and over (most of the construction's time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _device(device):
     import torch
     try:
@@ -133,13 +149,14 @@ class CacheManager:
         self.arena = None if num_pages is None else \
             Arena(num_pages, layout.page_nbytes(), self.device, block_pages)
         self.pools = {}
-        for kind, gname in layout.pool_keys():
-            g, pk = layout.group(gname), (kind, gname)
-            shape = (layout.pool_tensors(kind, g), layout.abi(kind, g), self.ctx[gname])
-            self.pools[pk] = Pool(kind, g, sizes[pk], *shape, self.device, self.checked,
-                                  self.metrics.transition) if self.arena is None else \
-                ArenaPool(kind, g, self.arena, *shape, self.checked, self.metrics.transition)
-        self.index = PrefixIndex(layout, {pk: pool.refs for pk, pool in self.pools.items()})
+        with _collector_paused():      # one ObjRef and one index entry per block, made here
+            for kind, gname in layout.pool_keys():
+                g, pk = layout.group(gname), (kind, gname)
+                shape = (layout.pool_tensors(kind, g), layout.abi(kind, g), self.ctx[gname])
+                self.pools[pk] = Pool(kind, g, sizes[pk], *shape, self.device, self.checked,
+                                      self.metrics.transition) if self.arena is None else \
+                    ArenaPool(kind, g, self.arena, *shape, self.checked, self.metrics.transition)
+            self.index = PrefixIndex(layout, {pk: pool.refs for pk, pool in self.pools.items()})
         self.evictor = Evictor(self.pools, self.index, policy_factory, self.metrics)
         self.admission = Admission(self.pools, self.evictor, cap if cap is not None else
                                    num_pages or sum(sizes.values()), self._transit, self.arena)

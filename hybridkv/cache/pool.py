@@ -43,16 +43,13 @@ class ObjRef(NamedTuple):
     block: int
 
 
-class BlockRefs(dict):
-    """block id -> the pool's one ObjRef for it, every one made with the pool and kept: the
-    index, the evictor and the launches share it (no per-use tuple), and the garbage
+def block_refs(kind, group, num_blocks):
+    """Block id -> the pool's one ObjRef for it (a list), every one made with the pool and
+    kept: the index, the evictor and the launches share it (no per-use tuple), and the garbage
     collector finds them in the start-up heap (an engine freezes it, as vLLM's does with its
     block objects), not piling up in the old generation as block ids are first used."""
-    __slots__ = ()
-
-    def __init__(self, kind, group, num_blocks):
-        super().__init__(zip(range(num_blocks), map(partial(tuple.__new__, ObjRef), zip(
-            repeat(kind), repeat(group), range(num_blocks)))))
+    return list(map(partial(tuple.__new__, ObjRef),
+                    zip(repeat(kind), repeat(group), range(num_blocks))))
 
 
 class Pool:
@@ -78,7 +75,7 @@ class Pool:
                       for name, t in self.data.items()}       # rows a slot has, bytes a row
         self._base = self._first.data_ptr()
         self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
-        self.refs = BlockRefs(kind, self.group, num_blocks)   # block -> its ObjRef
+        self.refs = block_refs(kind, self.group, num_blocks)  # block -> its ObjRef
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks

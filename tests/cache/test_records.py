@@ -1,4 +1,4 @@
-"""A pool's records as columns (RecordColumns) and its one ObjRef per block (BlockRefs)."""
+"""A pool's records as columns (RecordColumns) and its one ObjRef per block (block_refs)."""
 import numpy as np
 import pytest
 
@@ -51,7 +51,7 @@ def test_load_replaces_every_record_or_nothing():
 
 
 def test_index_requests_and_evictor_share_the_pools_one_ref_per_block():
-    """A block's ObjRef is made once (BlockRefs) and every structure that names the block holds
+    """A block's ObjRef is made once (block_refs) and every structure that names the block holds
     that very object (index parents, checkpoint anchors); a request's reads keep the block ids
     alone (hybridkv.cache.reads) and name the same refs."""
     m = mk(checked=False)
@@ -86,3 +86,31 @@ def test_values_of_a_long_and_a_short_run_read_the_same_rows():
     assert recs.values(long_run, "ep") == [recs.value(b, "ep") for b in long_run] == long_run
     assert recs.values([3, 9, 3], "ver") == [3, 2, 3]          # read one by one
     assert all(type(v) is int for v in recs.values(long_run, "pub"))
+
+
+def test_construction_makes_every_blocks_objects_and_leaves_the_collector_as_it_found_it(
+        monkeypatch):
+    """Every block's ObjRef and index entry exist once the manager is built (nothing is made
+    lazily during a stream); the collector, paused while they are made, is back on -- or still
+    off when the host had turned it off, and back on when construction fails part way."""
+    import gc
+
+    from hybridkv.cache import manager as manager_mod
+    m = mk(checked=False)
+    for pk, pool in m.pools.items():
+        assert len(pool.refs) == pool.n and len(m.index.made[pk]) == pool.n
+        assert len({id(e) for e in m.index.made[pk]}) == pool.n
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        mk(checked=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(manager_mod, "PrefixIndex", broken)
+    with pytest.raises(RuntimeError):
+        mk(checked=False)
+    assert gc.isenabled()

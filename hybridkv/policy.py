@@ -272,10 +272,12 @@ class ValuePolicy:
         rival = self.victim()
         heapq.heappush(heap, top)
         bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
-        n = 1
+        n, live, lazy = 1, self._e, self._lazy
         for key in keys[1:]:
-            if key not in forced and not self._prio(key) < bound:
-                break
+            if key not in forced:
+                e = live.get(key)                    # its priority (``_prio``, inlined)
+                if not (lazy[key][0] if e is None else e.prio) < bound:
+                    break
             n += 1
         return n
 

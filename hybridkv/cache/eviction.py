@@ -349,14 +349,17 @@ class Evictor:
             return [b], None
         pool, cached, blocked = self.pools[pk], self.cached[pk], self.liveness.blocked[pk]
         event = _event(pool, b)
-        run, forced = [b], set()
-        for p, dead in self.index.lone_ancestors(pk[0], pk[1], b):
-            if len(run) >= n or p not in cached or p in blocked or (dead_now and not dead) \
-                    or (keep is not None and not keep(run[-1], p, dead, len(run))):
-                break
-            run.append(p)
-            if dead:
-                forced.add(p)
+        ups, deads = self.index.lone_ancestors(pk[0], pk[1], b, n - 1)
+        if keep is None and not dead_now and cached.issuperset(ups) and blocked.isdisjoint(ups):
+            run = [b, *ups]                   # every one goes: no per-block test
+        else:
+            run = [b]
+            for p, dead in zip(ups, deads):
+                if p not in cached or p in blocked or (dead_now and not dead) \
+                        or (keep is not None and not keep(run[-1], p, dead, len(run))):
+                    break
+                run.append(p)
+        forced = {p for p, dead in zip(run[1:], deads) if dead} if True in deads else ()
         if len(run) > 1:                      # up to the first block another event takes
             stale = [st == STALE for st in pool.recs.values(run, "st")]
             if (not stale[0]) in stale:

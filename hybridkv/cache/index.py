@@ -301,8 +301,16 @@ class PrefixIndex:
         order the calls report them).  A link between two of the run's blocks is never
         edited (both leave): ``_take`` skips it, and with it only reports of run blocks."""
         pk, leaves, dead, run = (kind, group), [], [], set(blocks)
+        ents, chain = self.entries[pk], self.chain[pk]
         for b in blocks:
-            self._take(pk, b, leaves, dead, run)
+            e = ents.get(b)
+            if e is None or e.exact or e.anchored or e.parent is None or \
+                    e.parent.block not in run or not run.issuperset(e.children):
+                self._take(pk, b, leaves, dead, run)
+                continue
+            del ents[b]                 # linked to run blocks alone: ``_take`` edits nothing
+            if chain.get(e.key) == b:   # else, reports nothing: only its map entry goes
+                del chain[e.key]
         return leaves, [d for d in dead if d.block not in run or (d.kind, d.group) != pk]
 
     def _take(self, pk, b, leaves, dead, run=frozenset()):
@@ -332,21 +340,26 @@ class PrefixIndex:
             for ck in list(e.anchored):
                 dead += self._kill(ck)
 
-    def lone_ancestors(self, kind, group, b):
+    def lone_ancestors(self, kind, group, b, limit):
         """The blocks that become leaves one after another as published block b and then each
-        of them leaves the index: yields (parent, dead) while b is its parent's only child and
-        taking b out reports nothing dead in this pool but that parent (``dead``: whether it
-        does report the parent, as ``unpublish`` would), then goes on from the parent."""
+        of them leaves the index, at most ``limit``: (parents, dead) while b is its parent's
+        only child and taking b out reports nothing dead in this pool but that parent
+        (``dead[i]``: whether it does report ``parents[i]``, as ``unpublish`` would), then
+        on from the parent."""
         pk = (kind, group)
-        ents = self.entries[pk]
+        ents, parents = self.entries[pk], []
         e = ents.get(b)
-        while e is not None and e.parent is not None:
+        while e is not None and e.parent is not None and len(parents) < limit:
             p = e.parent.block
             pe = ents.get(p)
-            if pe is None or len(pe.children) != 1 or self._kills_in(pk, b, e):
-                return
-            yield p, not pe.anchored and not pe.exact and pk != self.ends_pool
+            if pe is None or len(pe.children) != 1 or \
+                    ((e.exact or e.anchored) and self._kills_in(pk, b, e)):
+                break
+            parents.append(p)
             b, e = p, pe
+        if pk == self.ends_pool:             # its blocks record their own ends: none dead
+            return parents, [False] * len(parents)
+        return parents, [not (ents[p].anchored or ents[p].exact) for p in parents]
 
     def _kills_in(self, pk, b, e):
         """Taking block b (entry ``e``) out drops a checkpoint with another object in pool

@@ -169,9 +169,7 @@ class Evictor:
         self.entered(ref)
         pk = (ref.kind, ref.group)
         self.liveness.entered_run(pk, ref.block, blocks)
-        pool = self.pools[pk]
-        for b in [ref.block, *blocks][:len(blocks)]:
-            pool.touch(b)
+        self.pools[pk].touch_run([ref.block, *blocks])
 
     def _ref(self, pk, b):
         """Block b of pool ``pk`` as the pool's ObjRef."""

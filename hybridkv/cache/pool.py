@@ -298,7 +298,13 @@ class Pool:
     def alloc_run(self, n):
         """n FREE block ids, the ones n rounds of ``alloc`` + ``write`` would take, in that
         order (still FREE until written: ``write_run``); fewer when fewer are free."""
-        out, taken, free, is_free = [], set(), self.free, self.is_free
+        free, is_free = self.free, self.is_free
+        if 0 < n <= len(free):                 # the stack's top n, when all free and distinct
+            out = free[len(free) - n:][::-1]
+            if all(map(is_free.__getitem__, out)) and len(set(out)) == n:
+                del free[len(free) - n:]
+                return out
+        out, taken = [], set()
         while len(out) < n and free:
             b = free.pop()
             if is_free[b] and b not in taken:

@@ -11,7 +11,7 @@
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hybridkv.cache import CacheManager
@@ -152,3 +152,32 @@ def test_random_calls_batched_equals_per_block(layout, seq):
         assert fingerprint(run) == fingerprint(ref), call
         assert tables(run) == tables(ref), call
     run.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(stack=st.lists(st.integers(0, 5), max_size=20), flags=st.lists(st.booleans(),
+       min_size=12, max_size=12), n=st.integers(0, 8))
+@example(stack=[5, 3, 3], flags=[True] * 12, n=2)        # a repeat on top
+@example(stack=[5, 2, 3], flags=[i != 2 for i in range(12)], n=2)   # a stale entry
+def test_alloc_run_takes_what_alloc_then_write_takes_block_by_block(stack, flags, n):
+    """``alloc_run(n)`` over any free stack (stale entries, repeats) takes the blocks and
+    leaves the stack that n rounds of ``alloc`` + a write taking the block would."""
+    def pool_with(stack, flags):
+        pool = manager(12, 1).pools[next(iter(LAY.pool_keys()))]
+        pool.free, pool.is_free = list(stack), bytearray(flags)
+        return pool
+    batched, single = pool_with(stack, flags), pool_with(stack, flags)
+    got = batched.alloc_run(n)
+    want = []
+    for _ in range(n):
+        b = single.alloc()
+        if b is None:
+            break
+        want.append(b)
+        single.is_free[b] = 0           # written: no longer FREE
+    assert got == want
+    for b in got:
+        batched.is_free[b] = 0
+    assert [batched.alloc() for _ in range(2)] == [single.alloc() for _ in range(2)]
+    assert [b for b in batched.free if batched.is_free[b]] == \
+        [b for b in single.free if single.is_free[b]]

@@ -52,13 +52,15 @@ def hits(side, shape, requests, num_blocks=4000):
 
 def test_v4_multi_turn_resumes_past_vllms_256_token_boundary():
     # 1000-token first turn, +300 each turn: vLLM resumes at the previous prompt's end
-    # rounded down to 256 (its replay boundary), hybridkv at the previous prompt's end itself
-    # (the checkpoint its prefill allocation ended on: 1000 and 1300 are on the 4-token granule)
+    # rounded down to 256 (its replay boundary), hybridkv at the previous prompt's last
+    # granule boundary before its last token (its ``repeat`` point: 996, 1296).  An
+    # allocation's provisional end rounds down to the engine's block (``end_every``, 256 in
+    # the adapter since 3e258bb), so the prompt end itself (1000, 1300) is no checkpoint.
     requests = turns(3, 1000, 300)
     stock, _ = hits("stock", "v4", requests)
     ours, scheduler = hits("ours", "v4", requests)
     assert stock == {"t0": 0, "t1": 768, "t2": 1280}
-    assert ours == {"t0": 0, "t1": 1000, "t2": 1300}
+    assert ours == {"t0": 0, "t1": 996, "t2": 1296}
     kv = scheduler.kv_cache_manager
     # ids index vLLM's one pool: one arena page per vLLM block id, id 0 is vLLM's null block
     assert kv.num_pages <= kv.kv_cache_config.num_blocks - 1

@@ -63,28 +63,30 @@ class VllmEvents:
     def __call__(self, cache_events, request):
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
         of one group's consecutive blocks is one BlockStored, as vLLM emits them."""
-        out = []                           # BlockRemoved, or [group index, block ends]
+        out, emit = [], self.emit          # BlockRemoved, or [group index, block ends]
         for e in cache_events:
             i = group_index(e.group)
             if not e.stored:
                 h = self.hashes.pop((e.group, e.key), None)
                 if h is not None:
                     self.keys.pop((i, h), None)
-                    out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=i))
+                    if emit:
+                        out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU,
+                                                group_idx=i))
                 continue
             h = self.vllm_hash(request, e.at)
             if h is None:
                 continue
             self.hashes[(e.group, e.key)] = h
             self.keys[(i, h)] = (e.group, e.key, e.exact, e.at)
+            if not emit:                   # the tables alone
+                continue
             bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size
             if out and isinstance(out[-1], list) and out[-1][0] == i and \
                     out[-1][1][-1] == e.at - bs:
                 out[-1][1].append(e.at)
             else:
                 out.append([i, [e.at]])
-        if not self.emit:
-            return []
         return [self.stored(request, *e) if isinstance(e, list) else e for e in out]
 
     def extra_keys(self, request, start, end):

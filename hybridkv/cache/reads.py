@@ -3,8 +3,8 @@ columns of ints.
 
 A request pins every chain block its hit names and every block it seals; a long prompt's are
 hundreds, held until the request is freed.  As one ``Read`` record each they were as many
-tracked objects outliving the young generations, and the garbage collector's full collections
-come as often as such objects pile up (a third of a Mooncake stream's time).  As columns per
+tracked objects outliving the young generations, and the garbage collector's older
+collections come as often as such objects pile up.  As columns per
 pool they are five lists, and the paths that use them take a pool's run whole: the pin and
 the launch check compare versions as lists, a free unpins and admits a pool's run tips first.
 Iterating yields ``Read`` records (made then, short-lived) for the paths that want one

@@ -10,8 +10,13 @@ the launch check compare versions as lists, a free unpins and admits a pool's ru
 Iterating yields ``Read`` records (made then, short-lived) for the paths that want one
 (checked mode, tests, a caller's ``read_ok``).
 """
-from hybridkv.cache.funnel import new_read
+from itertools import groupby
+from operator import attrgetter
+
+from hybridkv.cache.funnel import READ_BLOCK, READ_EP, READ_POOL, READ_VER, new_read
 from hybridkv.cache.pool import ObjRef
+
+READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
 class PoolReads:
@@ -47,9 +52,11 @@ class Reads:
 
     def __init__(self, reads=()):
         self.pools = {}
-        for r in reads:
-            self.add(r.ref.kind, r.ref.group, (r.ref.block,), (r.at,), (r.ver,), (r.ep,),
-                     (r.exact,))
+        for (kind, group), run in groupby(reads, READ_POOL):     # a plan's reads come in
+            run = list(run)                                       # runs of one pool
+            self.add(kind, group, list(map(READ_BLOCK, run)), list(map(READ_AT, run)),
+                     list(map(READ_VER, run)), list(map(READ_EP, run)),
+                     list(map(READ_EXACT, run)))
 
     def add(self, kind, group, blocks, at, vers, eps, exact=None):
         """Append one pool's run (``exact`` None: chain blocks, none exact)."""

@@ -114,3 +114,21 @@ def test_construction_makes_every_blocks_objects_and_leaves_the_collector_as_it_
     with pytest.raises(RuntimeError):
         mk(checked=False)
     assert gc.isenabled()
+
+
+def test_reads_seeded_from_read_records_keep_each_pools_order_and_every_field():
+    """``Reads(records)`` (a plan's reads, pools interleaved) holds per pool the records in
+    the order given, every field in its column, and yields them back as they were."""
+    from hybridkv.cache.funnel import Read
+    from hybridkv.cache.reads import Reads
+    a, b = ("comp", "g0"), ("swa", "g0")
+    records = [Read(ObjRef(*a, 5), 16, 1, 0), Read(ObjRef(*a, 2), 32, 3, 1),
+               Read(ObjRef(*b, 7), 32, 0, 2, True), Read(ObjRef(*a, 9), 48, 2, 0)]
+    reads = Reads(records)
+    assert len(reads) == 4 and bool(reads) and not Reads()
+    runs = dict(reads.runs())
+    assert list(runs) == [a, b]
+    assert (runs[a].blocks, runs[a].at, runs[a].ver, runs[a].ep, runs[a].exact) == \
+        ([5, 2, 9], [16, 32, 48], [1, 3, 2], [0, 1, 0], [False, False, False])
+    assert (runs[b].blocks, runs[b].exact) == ([7], [True])
+    assert list(reads) == [records[0], records[1], records[3], records[2]]

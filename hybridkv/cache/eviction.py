@@ -195,6 +195,32 @@ class Evictor:
         """Eviction can take this block (now, or once its cached descendants went)."""
         return self.liveness.takeable((ref.kind, ref.group), ref.block)
 
+    def took_hit(self, refs):
+        """``refresh`` then ``access`` of each of ``refs`` (a hit's distinct blocks, every one
+        PINNED now), in order: per pool, out of the cached and eligible sets at once
+        (``_place_run``), liveness settled in order (``settle_chain``), then the policy's
+        accesses in order under the clock each had in the interleaved sequence (a pinned
+        block is never eligible, and an access reads no set nor liveness, so the state ends
+        as the interleaved calls leave it).  Any block not PINNED: the interleaved calls."""
+        by_pool, clock = {}, self.clock
+        for i, ref in enumerate(refs, 1):
+            by_pool.setdefault((ref.kind, ref.group), []).append((ref.block, clock + i))
+        runs = {pk: ([b for b, _ in run], [c for _, c in run]) for pk, run in by_pool.items()}
+        if any(PINNED != st for pk, (blocks, _) in runs.items()
+               for st in self.pools[pk].recs.values(blocks, "st")):
+            for ref in refs:
+                self.refresh(ref)
+                self.access(ref)
+            return
+        for pk, (blocks, clocks) in runs.items():
+            self._place_run(pk, blocks, [PINNED] * len(blocks))
+            self.liveness.settle_chain(pk, blocks)
+            admitted, policy = self.admitted[pk], self.policies[pk]
+            for b, c in zip(blocks, clocks):
+                if b in admitted:
+                    policy.access(b, c)
+        self.clock = clock + len(refs)
+
     def access(self, ref):
         """A request used the block (a hit)."""
         self.clock += 1

@@ -265,11 +265,14 @@ class CacheManager:
         batched = len(set(refs)) == len(refs)
         if batched:
             fire_runs(self.pools, refs, "pin")
-        for r in req.plan.reads:
-            if not batched:
-                self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
-            self.evictor.refresh(r.ref)
-            self.evictor.access(r.ref)
+        if batched and self.evictor.runs:              # the sets and liveness per pool run
+            self.evictor.took_hit(refs)
+        else:
+            for r in req.plan.reads:
+                if not batched:
+                    self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
+                self.evictor.refresh(r.ref)
+                self.evictor.access(r.ref)
         req.reads = Reads(req.plan.reads)
         H = req.plan.reuse_tokens
         req.num_computed_tokens = req.num_allocated_tokens = H

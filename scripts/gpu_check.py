@@ -88,6 +88,10 @@ def check_model(dev, quick, lengths=None, span=12, greedy=(17, 26, 6)):
             "grid_aligned": g.aligned, "grid_resumed_at": g.resumed_at, "grid_span": g.span,
             "grid_mismatches": g.mismatches, "grid_bad": [c._asdict() for c in g.bad],
             "grid_seconds": g.seconds, "greedy_ok": gr.ok,
+            "greedy_logits_equal": gr.logits_equal, "greedy_tokens_equal":
+                gr.cold_tokens == gr.resumed_tokens,
+            "greedy_cold_ref_max_abs_diff": gr.cold_ref_max_abs_diff,
+            "greedy_cold_ref_tol": gr.cold_ref_tol,
             "greedy_seconds": round(time.perf_counter() - t0, 2)}
 
 

@@ -123,7 +123,8 @@ def run_grid(backend, grid="default", seed=0, span=None):
             "bad": [c._asdict() for c in res.bad], "seconds": res.seconds,
             "greedy": {"H": g.H, "aligned": g.aligned, "cold_tokens": g.cold_tokens,
                        "resumed_tokens": g.resumed_tokens, "logits_equal": g.logits_equal,
-                       "cold_ref_equal": g.cold_ref_equal, "ok": g.ok,
+                       "cold_ref_equal": g.cold_ref_equal,
+                       "cold_ref_max_abs_diff": g.cold_ref_max_abs_diff, "ok": g.ok,
                        "seconds": round(time.perf_counter() - t0, 3)}}
 
 

@@ -23,7 +23,11 @@ snapshot there (``overwrite_snapshot``) and must be reported as a mismatch.
 Greedy (``greedy_resume``): a first request of length H'+1 leaves its "repeat" checkpoint at H';
 a second request with a longer prompt resumes there, prefills and decodes greedily (allocate 1 /
 commit 1 per token); a cold generation (fresh manager, nothing reused) must produce the same
-tokens and the same logits bits, and both equal ``cold_logits`` of the final sequence.
+tokens and the same logits bits, and both equal ``cold_logits`` of the final sequence (prefill
+chunks of 8 where the generation ran one token a step).  That last comparison is bitwise on the
+CPU; on CUDA it allows ``CUDA_CHUNKING_TOL``: cuBLAS picks its kernel by the number of rows, so
+one decode token and a chunk of 8 round differently in both backends (1.2e-6 measured on an
+H200, the resume itself bitwise), and batch invariance is no property this check is about.
 Both backends: the model's (``V4Mini(backend="torch"|"triton")``).
 """
 import time
@@ -36,6 +40,7 @@ from hybridkv.model.v4mini import SeqWork
 SUBSET = (3, 4, 5, 9, 10, 11, 15, 16, 17, 31, 32, 33, 95, 96, 97)
 TRITON_SUBSET = (3, 4, 5, 9, 10, 11, 16, 17)
 MAX_LEN = 385
+CUDA_CHUNKING_TOL = 1e-5   # greedy's cold reference on CUDA: chunk of 8 vs one token a step
 
 
 class Case(NamedTuple):
@@ -70,12 +75,14 @@ class GreedyResult(NamedTuple):
     cold_tokens: list
     resumed_tokens: list
     logits_equal: bool      # resumed vs cold generation, positions [H, end)
-    cold_ref_equal: bool    # both vs verify.cold_logits of the final sequence
+    cold_ref_equal: bool    # both vs verify.cold_logits of the final sequence, bitwise
+    cold_ref_max_abs_diff: float    # the same comparison's largest difference
+    cold_ref_tol: float     # what ok allows of it: 0 on the CPU, CUDA_CHUNKING_TOL on CUDA
 
     @property
     def ok(self):
         return self.H == self.aligned and self.cold_tokens == self.resumed_tokens and \
-            self.logits_equal and self.cold_ref_equal
+            self.logits_equal and self.cold_ref_max_abs_diff <= self.cold_ref_tol
 
 
 # -- the grid -----------------------------------------------------------------------------------
@@ -277,6 +284,8 @@ def greedy_resume(model, H, prompt_len, new_tokens=6, chunk=8, seed=99):
                                   before_allocate=lambda c, p: poison_free(c))
     H = plan.reuse_tokens
     ref = cold_reference(model, toks + cold_tok[:-1])
+    ref_diff = max(_diff(ref, cold_lg), _diff(ref[H:], res_lg))
     return GreedyResult(H, Hp, cold_tok, res_tok, torch.equal(cold_lg[H:], res_lg),
-                        torch.equal(ref, cold_lg) and torch.equal(ref[H:], res_lg))
+                        torch.equal(ref, cold_lg) and torch.equal(ref[H:], res_lg), ref_diff,
+                        CUDA_CHUNKING_TOL if model.device.type == "cuda" else 0.0)
 

@@ -11,9 +11,9 @@ import torch
 
 from hybridkv.engine.verify import cold_logits
 from hybridkv.model import V4Mini
-from hybridkv.model.resume import (SUBSET, _run_tokens, aligned, check_grid, greedy_resume,
-                                   grid_lengths, make_cache, overwrite_snapshot, poison_free,
-                                   prompt_tokens, resume_case, serve)
+from hybridkv.model.resume import (CUDA_CHUNKING_TOL, SUBSET, _run_tokens, aligned, check_grid,
+                                   greedy_resume, grid_lengths, make_cache, overwrite_snapshot,
+                                   poison_free, prompt_tokens, resume_case, serve)
 
 # a module fixture is built once per xdist worker: the whole module runs on one (loadgroup)
 pytestmark = pytest.mark.xdist_group("test_resume")
@@ -76,6 +76,16 @@ def test_greedy_identical(model, H, prompt):
 def test_greedy_identical_triton():
     g = greedy_resume(V4Mini(seed=0, backend="triton"), 9, 12, new_tokens=3)
     assert g.ok, g
+    assert g.cold_ref_tol == 0.0 and g.cold_ref_max_abs_diff == 0.0 and g.cold_ref_equal
+
+
+def test_greedy_ok_needs_the_cold_reference_within_its_tolerance(model):
+    g = greedy_resume(model, 9, 12, new_tokens=3)
+    assert g.ok and g.cold_ref_tol == 0.0            # on the CPU: bitwise
+    assert not g._replace(cold_ref_max_abs_diff=1e-7).ok
+    assert g._replace(cold_ref_max_abs_diff=1e-6, cold_ref_tol=CUDA_CHUNKING_TOL).ok
+    assert not g._replace(cold_ref_max_abs_diff=1e-4, cold_ref_tol=CUDA_CHUNKING_TOL).ok
+    assert not g._replace(logits_equal=False, cold_ref_tol=CUDA_CHUNKING_TOL).ok
 
 
 # -- negative controls: a test that can fail -------------------------------------------------------

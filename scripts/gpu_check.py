@@ -107,39 +107,49 @@ def _time(fn, iters=50):
     return start.elapsed_time(end) / iters / 1e3
 
 
-def _decode_run(dev, mode, ratio, B, L, shape):
-    """One decode attention launch at ``shape`` timed; its inputs are freed on return."""
+def _decode_run(dev, mode, ratio, B, L, shape, dtype=torch.float32):
+    """One decode attention launch at ``shape`` timed, pools and queries in ``dtype``: (unique
+    bytes read and written, FLOPs of q.k and p.v over every head, seconds); its inputs are
+    freed on return."""
     from kernels import hca_attention, sparse_attention, swa_attention
     from kernels.shapes import decode_inputs
     W, k = shape.window, shape.top_k
     q, swa, comp, plan, sink, n_ent = decode_inputs(shape, B, L, ratio, dev)
+    q, swa, comp = (t.to(dtype) for t in (q, swa, comp))
     rows = W + {"swa": 0, "sparse": k, "hca": n_ent}[mode]
-    nbytes = B * rows * shape.head_dim * 4 + 2 * q.numel() * 4
+    size = q.element_size()
+    nbytes = B * rows * shape.head_dim * size + 2 * q.numel() * size
+    flops = 4 * B * shape.n_heads * rows * shape.head_dim
     fn = {"swa": lambda: swa_attention(q, swa, plan, sink, W),
           "sparse": lambda: sparse_attention(q, swa, comp, plan, sink, W),
           "hca": lambda: hca_attention(q, swa, comp, plan, sink, W, ratio)}[mode]
-    return nbytes, _time(fn)
+    return nbytes, flops, _time(fn)
 
 
 def bandwidth(dev, B=256, L=32768):
     """Decode attention at DeepSeek-V4's shape (kernels.shapes.DEEPSEEK_V4), B requests at
-    position L-1: unique KV bytes read per launch / time, and that over the device's peak."""
+    position L-1, fp32 and bf16 pools: unique KV bytes read per launch / time, that over the
+    device's peak, and the launch's FLOP rate (every head reads the shared row: 64 heads make
+    the launch about 16 FLOPs per byte at fp32, 32 at bf16)."""
     from kernels.shapes import DEEPSEEK_V4 as V4
     props = torch.cuda.get_device_properties(0)
     peak = next((v for n, v in PEAK_BY_NAME.items() if n in props.name), None)
     res = {"shape": V4.name, "B": B, "L": L, "W": V4.window, "heads": V4.n_heads,
            "head_dim": V4.head_dim, "top_k": V4.top_k, "device": props.name,
            "peak_bytes_per_s": peak, "runs": []}
-    for mode, ratio in (("swa", V4.csa_ratio), ("sparse", V4.csa_ratio), ("hca", V4.hca_ratio)):
-        try:
-            nbytes, sec = _decode_run(dev, mode, ratio, B, L, V4)
-            res["runs"].append({"mode": mode, "seconds": sec, "bytes": nbytes,
-                                "GB_per_s": round(nbytes / sec / 1e9, 1),
-                                "pct_of_peak": round(100 * nbytes / sec / peak, 1) if peak
-                                else None})
-        except Exception as e:   # report and go on: one failure must not hide the rest
-            res["runs"].append({"mode": mode, "error": f"{type(e).__name__}: {e}"[:500]})
-        torch.cuda.empty_cache()
+    for dtype in (torch.float32, torch.bfloat16):
+        for mode, ratio in (("swa", V4.csa_ratio), ("sparse", V4.csa_ratio),
+                            ("hca", V4.hca_ratio)):
+            run = {"mode": mode, "dtype": str(dtype).replace("torch.", "")}
+            try:
+                nbytes, flops, sec = _decode_run(dev, mode, ratio, B, L, V4, dtype)
+                run.update(seconds=sec, bytes=nbytes, GB_per_s=round(nbytes / sec / 1e9, 1),
+                           pct_of_peak=round(100 * nbytes / sec / peak, 1) if peak else None,
+                           TFLOP_per_s=round(flops / sec / 1e12, 2))
+            except Exception as e:   # report and go on: one failure must not hide the rest
+                run["error"] = f"{type(e).__name__}: {e}"[:500]
+            res["runs"].append(run)
+            torch.cuda.empty_cache()
     return res
 
 

@@ -130,7 +130,7 @@ def bandwidth(dev, B=256, L=32768):
     """Decode attention at DeepSeek-V4's shape (kernels.shapes.DEEPSEEK_V4), B requests at
     position L-1, fp32 and bf16 pools: unique KV bytes read per launch / time, that over the
     device's peak, and the launch's FLOP rate (every head reads the shared row: 64 heads make
-    the launch about 16 FLOPs per byte at fp32, 32 at bf16)."""
+    the launch about 64 FLOPs per byte at fp32, 128 at bf16)."""
     from kernels.shapes import DEEPSEEK_V4 as V4
     props = torch.cuda.get_device_properties(0)
     peak = next((v for n, v in PEAK_BY_NAME.items() if n in props.name), None)

@@ -37,10 +37,12 @@ class VllmEvents:
     group block by its last ``hash_block_size`` boundary's hash), with the tokens, extra keys
     and lookahead tokens a consumer rebuilds that hash from; a block vLLM has no hash for yet
     (its lookahead tokens not known) is not reported.  The translation tables: ``hashes``
-    (group, hybridkv key) -> the vLLM hash reported, so a removal names the same hash, and
-    ``keys`` (group index, vLLM hash) -> (group, key, exact, at), so vLLM's hash names the
-    block cached under it (``cached``); hybridkv's keys stay internal.  Both are kept whether
-    or not the events are emitted (``emit``)."""
+    (group, hybridkv key) -> the vLLM hash, so a removal names the same hash, and ``keys``
+    (group index, vLLM hash) -> (group, key, exact, at), so vLLM's hash names the block cached
+    under it (``cached``); hybridkv's keys stay internal.  Both are kept whether or not the
+    events are emitted (``emit``), under the request's own hashes: the external form an event
+    carries (``maybe_convert_block_hash``, an environment read per call) is made only for the
+    events emitted, as vLLM's block pool makes it."""
 
     def __init__(self, kv_cache_config, hash_block_size, lookahead, emit):
         self.config, self.hash_block_size = kv_cache_config, hash_block_size
@@ -52,13 +54,19 @@ class VllmEvents:
         self.keys.clear()
 
     def vllm_hash(self, request, at):
+        """The request's block hash at its block ending at ``at`` (None: not computed)."""
         i, hashes = at // self.hash_block_size - 1, request.block_hashes
-        return maybe_convert_block_hash(hashes[i]) if 0 <= i < len(hashes) else None
+        return hashes[i] if 0 <= i < len(hashes) else None
+
+    def external(self, request, at):
+        """``vllm_hash`` as a KV event names it."""
+        h = self.vllm_hash(request, at)
+        return None if h is None else maybe_convert_block_hash(h)
 
     def cached(self, block_hash, group_idx):
         """(group, key, exact, at) of the block cached under vLLM hash ``block_hash`` in group
         ``group_idx``, or None."""
-        return self.keys.get((group_idx, maybe_convert_block_hash(block_hash)))
+        return self.keys.get((group_idx, block_hash))
 
     def __call__(self, cache_events, request):
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
@@ -71,8 +79,8 @@ class VllmEvents:
                 if h is not None:
                     self.keys.pop((i, h), None)
                     if emit:
-                        out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU,
-                                                group_idx=i))
+                        out.append(BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
+                                                medium=MEDIUM_GPU, group_idx=i))
                 continue
             h = self.vllm_hash(request, e.at)
             if h is None:
@@ -99,8 +107,8 @@ class VllmEvents:
         spec, lora = self.config.kv_cache_groups[i].kv_cache_spec, request.lora_request
         bs, tokens = spec.block_size, request.all_token_ids
         return BlockStored(
-            block_hashes=[self.vllm_hash(request, at) for at in ends],
-            parent_block_hash=self.vllm_hash(request, ends[0] - bs),
+            block_hashes=[self.external(request, at) for at in ends],
+            parent_block_hash=self.external(request, ends[0] - bs),
             token_ids=list(tokens[max(0, ends[0] - bs):ends[-1]]), block_size=bs,
             lora_id=getattr(lora, "adapter_id", None), medium=MEDIUM_GPU,
             lora_name=getattr(lora, "name", None), group_idx=i,

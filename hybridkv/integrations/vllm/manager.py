@@ -90,7 +90,9 @@ class KVCacheManager(UnusedMachinery):
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped (the hash
         table is kept either way: ``cached_block`` answers from it)."""
-        self.events += self.feed(self.cache.take_events(), request)
+        cache_events = self.cache.take_events()
+        if cache_events:                   # (a decode step inside a block files none)
+            self.events += self.feed(cache_events, request)
 
     # -- capacity and stats --------------------------------------------------------------------
     def num_free_blocks(self):
@@ -197,8 +199,10 @@ class KVCacheManager(UnusedMachinery):
             self._drain(request)
             return None
         old, track.started, track.allocated = track.allocated, True, got.end
-        self.copies.restored(got)
-        self.commits.add_points(track, got.checkpoints, self.layout)
+        if got.copies:
+            self.copies.restored(got)
+        if got.checkpoints:
+            self.commits.add_points(track, got.checkpoints, self.layout)
         if not delay_cache_blocks:
             track.target = max(track.target, regular)
         self.commits.advance(self.cache, track)

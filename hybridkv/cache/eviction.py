@@ -202,10 +202,11 @@ class Evictor:
         accesses in order under the clock each had in the interleaved sequence (a pinned
         block is never eligible, and an access reads no set nor liveness, so the state ends
         as the interleaved calls leave it).  Any block not PINNED: the interleaved calls."""
-        by_pool, clock = {}, self.clock
+        runs, clock = {}, self.clock            # pool -> (blocks, the clock of each access)
         for i, ref in enumerate(refs, 1):
-            by_pool.setdefault((ref.kind, ref.group), []).append((ref.block, clock + i))
-        runs = {pk: ([b for b, _ in run], [c for _, c in run]) for pk, run in by_pool.items()}
+            blocks, clocks = runs.setdefault((ref.kind, ref.group), ([], []))
+            blocks.append(ref.block)
+            clocks.append(clock + i)
         if any(PINNED != st for pk, (blocks, _) in runs.items()
                for st in self.pools[pk].recs.values(blocks, "st")):
             for ref in refs:

@@ -86,6 +86,7 @@ new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no
 READ_POOL = attrgetter("ref.kind", "ref.group")                  # a Read's pool key
 READ_POOL_EXACT = attrgetter("ref.kind", "ref.group", "exact")
 READ_BLOCK, READ_VER, READ_EP = attrgetter("ref.block"), attrgetter("ver"), attrgetter("ep")
+READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
 class HitPlan(NamedTuple):

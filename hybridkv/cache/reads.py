@@ -11,12 +11,10 @@ Iterating yields ``Read`` records (made then, short-lived) for the paths that wa
 (checked mode, tests, a caller's ``read_ok``).
 """
 from itertools import groupby
-from operator import attrgetter
 
-from hybridkv.cache.funnel import READ_BLOCK, READ_EP, READ_POOL, READ_VER, new_read
+from hybridkv.cache.funnel import (READ_AT, READ_BLOCK, READ_EP, READ_EXACT, READ_POOL,
+                                   READ_VER, new_read)
 from hybridkv.cache.pool import ObjRef
-
-READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
 
 class PoolReads:

@@ -57,15 +57,29 @@ def token_ids(request, start, end, hash_block_size=0):
     position of hash block j is named by vLLM's hash of block j instead: it chains every
     block before and holds what vLLM keys a block by besides its tokens (the tokens after it
     that a drafter reads, ``num_hash_lookahead_tokens``; the multimodal inputs, LoRA, cache
-    salt), so hybridkv's key at a block end is vLLM's identity of that prefix."""
-    ids = [t if t >= 0 else (1 << 62) - t for t in request.all_token_ids[start:end]]
+    salt), so hybridkv's key at a block end is vLLM's identity of that prefix.  A prompt's
+    ids go through in C-speed passes (a scan for placeholders, the block ends replaced as
+    one strided slice)."""
+    ids = request.all_token_ids[start:end]
+    if type(ids) is not list:                 # (vLLM's ConstantList slices to a new list)
+        ids = list(ids)
+    if ids and min(ids) < 0:
+        ids = [t if t >= 0 else (1 << 62) - t for t in ids]
     if hash_block_size:
-        hashes, first = request.block_hashes, -(-(start + 1) // hash_block_size)
-        for j in range(first, (end // hash_block_size) + 1):
-            p = j * hash_block_size - 1
-            if start <= p < end:
-                ids[p - start] = hash_id(hashes[j - 1])
+        first, last = start // hash_block_size + 1, end // hash_block_size   # blocks ending
+        if first <= last:                                                    # in [start, end)
+            hashes = request.block_hashes[first - 1:last]
+            if len(hashes) != last - first + 1:
+                raise IndexError("block hash not computed yet", (last, len(request.block_hashes)))
+            ids[first * hash_block_size - 1 - start::hash_block_size] = _hash_ids(hashes)
     return ids
+
+
+def _hash_ids(hashes):
+    """``hash_id`` of each of ``hashes`` (vLLM's bytes hashes without a call each)."""
+    if len(hashes) > 1 and set(map(type, hashes)) == {bytes}:
+        return [int.from_bytes(h[:8], "big") & HASH_ID_MASK for h in hashes]
+    return list(map(hash_id, hashes))
 
 
 class TranslatedIds:

@@ -213,8 +213,11 @@ def _passing_prefix(pool, cx, blocks, bs):
     distinct stored value."""
     n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
     stored = list(map(abi_of.__getitem__, blocks))
-    abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
-    ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
+    if stored.count(pool.abi) == n:     # all under the pool's ABI (its one object, matched
+        ok = np.full(n, bool(can_hit_abi(pool.abi, pool.abi)))    # by identity first)
+    else:
+        abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
+        ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
     _, o = pool.recs.gather(blocks)
     at = np.arange(bs, (n + 1) * bs, bs, dtype=np.int64)
     mod = KIND_MODULE[kind]

@@ -217,7 +217,8 @@ class CacheManager:
                                        (old.token_ids, old.token_source))
         if not tokens:
             raise BadTokens("a lookup needs at least one token", (0, None))
-        root = root_key(self.layout, salt)
+        root = old.root_key if old is not None and old.salt == salt else \
+            root_key(self.layout, salt)             # (a waiting request asked again: its own)
         keys = extend_chain(self._known_keys(old, root, tokens, source), root, tokens,
                             self.layout.granule)
         plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),

@@ -47,6 +47,8 @@ class BadBlocks:
     def limit(self, plan):
         """The longest resume below every bad block ``plan`` reads (a chain block is not
         needed below its end, a snapshot below its position), or None when it reads none."""
+        if not self.held:                       # (the usual case: no bad block at all)
+            return None
         ends = [r.at for r in plan.reads if r.ref in self.held]
         return min(ends) - 1 if ends else None
 

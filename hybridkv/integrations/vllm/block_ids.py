@@ -40,6 +40,13 @@ def vllm_id(page):
     return 1 + page
 
 
+def vllm_ids(pages):
+    """``vllm_id`` of each of ``pages`` (one range check over them, no call per page)."""
+    if pages and min(pages) < 0:
+        raise BadArgument("arena page outside vLLM's id space", min(pages))
+    return [page + 1 for page in pages]
+
+
 def sub_id(pages, sub):
     """The vLLM id of sub-page ``sub`` of a block's ``pages``: null where it holds none."""
     return NULL_BLOCK_ID if pages[sub] == NO_PAGE else vllm_id(pages[sub])
@@ -52,7 +59,7 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
     snapshot ``window_slot`` (pinned while the request lives: the ids its lookup named).
     ``pages_of(slot)``: the block's arena pages (``CacheManager.slot_pages``)."""
     if g.kind == "full":
-        return [vllm_id(s) for s in tables.comp[start_block:end_block]]
+        return vllm_ids(tables.comp[start_block:end_block])
     out, bs, W, seen = [], g.block_size, g.window, {}
     for b in range(start_block, end_block):
         p = b * bs
@@ -74,7 +81,7 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     window snapshot's blocks (what ``group_ids`` names them by afterwards)."""
     bs = g.block_size
     if g.kind == "full":
-        return [vllm_id(s) for s in chain_slots[:hit // bs]]
+        return vllm_ids(chain_slots[:hit // bs])
     pages = pages_of(window_slot) if window_slot is not None else ()
     return [sub_id(pages, p % g.window // bs) if p + bs > g.first_read(hit) and pages
             else NULL_BLOCK_ID for p in range(0, hit - hit % bs, bs)]

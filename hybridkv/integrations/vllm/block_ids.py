@@ -11,7 +11,7 @@ block ``sub`` of the window page (positions whose ``position mod W'`` fall in it
 ``sub``.  As in vLLM's SlidingWindowManager, a window block's pages are taken as the request's
 positions reach them and given back once the window slid past them
 (hybridkv.cache.subpages): a sub-page the block does not hold is the null block.  ``vllm_id``
-is the only function that turns a page into an id.
+and ``vllm_ids`` (the same rule over a list) are the only functions that turn a page into an id.
 """
 from hybridkv.cache.arena import NO_PAGE
 from hybridkv.errors import BadArgument

@@ -2,6 +2,7 @@
 request as it grows (tokens appended, block hashes computed later, multimodal placeholders),
 and is rebuilt for another request object or hash block size.  No vLLM needed: the
 translation reads only a request's ``all_token_ids`` / ``block_hashes`` / ``num_tokens``."""
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybridkv.integrations.vllm.translate import TranslatedIds, known_positions, token_ids
@@ -66,9 +67,5 @@ def test_token_ids_refuse_a_block_end_whose_hash_is_not_computed():
     req = FakeRequest()
     req.all_token_ids, req.block_hashes = list(range(40)), [b"\x01" * 32]
     assert token_ids(req, 0, 31, 16)[15] == int.from_bytes(b"\x01" * 8, "big") & ((1 << 62) - 1)
-    try:
+    with pytest.raises(IndexError, match="block hash not computed"):
         token_ids(req, 0, 32, 16)
-    except IndexError:
-        pass
-    else:
-        raise AssertionError("a block end without its hash was translated")

@@ -53,11 +53,10 @@ class Commits:
         """Commit toward the target as far as the rules allow; slide the windows to the
         settled basis (``settled``, or the request's)."""
         request, points = track.request, track.points
-        if track.committed >= track.target and not self.slides:   # nothing to commit or
-            self.deferred.pop(request.request_id, None)          # slide (a decode step's
-            return                                               # first call)
-        end = min(track.target, known_positions(request, track.hash_block_size), track.allocated)
-        if track.committed >= end and not self.slides:
+        end = track.target     # the other bounds only when the target leaves a commit or a
+        if track.committed < end or self.slides:       # window slides (not a decode's 1st call)
+            end = min(end, known_positions(request, track.hash_block_size), track.allocated)
+        if track.committed >= end and not self.slides:     # nothing to commit or slide
             self.deferred.pop(request.request_id, None)
             return
         bound = capturable(track)

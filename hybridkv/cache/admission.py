@@ -15,9 +15,7 @@ snapshots reach (``subs``: hybridkv.cache.subpages, where a pool's blocks span s
 against free pages plus every pool's takeable cached blocks, and
 ``make_room`` lets the arena pick which pool gives pages back (each through its own eviction).
 """
-from itertools import groupby
 
-from hybridkv.cache.funnel import READ_BLOCK, READ_POOL
 from hybridkv.errors import AdmissionRefused, RequestTooLarge
 from spec.funnel import can_admit_objects
 
@@ -54,11 +52,10 @@ class Admission:
     def held_back(self, protect):
         """Pool key -> what the ``protect``ed reads (cached blocks about to be pinned) hold of
         what eviction could take (blocks; arena mode: their pages): counted once per
-        allocation, then passed to ``check`` / ``fits`` as ``held``."""
+        allocation, then passed to ``check`` / ``fits`` as ``held``.  ``protect``: Reads."""
         held = {}
-        for (kind, group), reads in groupby(protect, READ_POOL):
-            pk = (kind, group)
-            blocks = self.evictor.liveness.takeable_run(pk, map(READ_BLOCK, reads))
+        for pk, run in protect.runs():
+            blocks = self.evictor.liveness.takeable_run(pk, run.blocks)
             if blocks:
                 held[pk] = held.get(pk, 0) + (len(blocks) if self.arena is None else
                                               self.arena.held_by_run(self.pools[pk], blocks))

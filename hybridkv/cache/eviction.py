@@ -195,32 +195,31 @@ class Evictor:
         """Eviction can take this block (now, or once its cached descendants went)."""
         return self.liveness.takeable((ref.kind, ref.group), ref.block)
 
-    def took_hit(self, refs):
-        """``refresh`` then ``access`` of each of ``refs`` (a hit's distinct blocks, every one
-        PINNED now), in order: per pool, out of the cached and eligible sets at once
-        (``_place_run``), liveness settled in order (``settle_chain``), then the policy's
-        accesses in order under the clock each had in the interleaved sequence (a pinned
-        block is never eligible, and an access reads no set nor liveness, so the state ends
-        as the interleaved calls leave it).  Any block not PINNED: the interleaved calls."""
-        runs, clock = {}, self.clock            # pool -> (blocks, the clock of each access)
-        for i, ref in enumerate(refs, 1):
-            blocks, clocks = runs.setdefault((ref.kind, ref.group), ([], []))
-            blocks.append(ref.block)
-            clocks.append(clock + i)
-        if any(PINNED != st for pk, (blocks, _) in runs.items()
+    def took_hit(self, runs):
+        """``refresh`` then ``access`` of each block of ``runs`` ((pool key, blocks) per pool,
+        in order: a hit's distinct blocks, every one PINNED now), in order: per pool, out of
+        the cached and eligible sets at once (``_place_run``), liveness settled in order
+        (``settle_chain``), then the policy's accesses in order under the clock each had in
+        the block-by-block sequence (a pinned block is never eligible, and an access reads no
+        set nor liveness, so the state ends as the block-by-block calls leave it).  Any block
+        not PINNED: the block-by-block calls."""
+        if any(st != PINNED for pk, blocks in runs
                for st in self.pools[pk].recs.values(blocks, "st")):
-            for ref in refs:
-                self.refresh(ref)
-                self.access(ref)
+            for pk, blocks in runs:
+                for b in blocks:
+                    self.refresh(self.pools[pk].refs[b])
+                    self.access(self.pools[pk].refs[b])
             return
-        for pk, (blocks, clocks) in runs.items():
+        clock = self.clock
+        for pk, blocks in runs:
             self._place_run(pk, blocks, [PINNED] * len(blocks))
             self.liveness.settle_chain(pk, blocks)
             admitted, policy = self.admitted[pk], self.policies[pk]
-            for b, c in zip(blocks, clocks):
+            for c, b in enumerate(blocks, clock + 1):
                 if b in admitted:
                     policy.access(b, c)
-        self.clock = clock + len(refs)
+            clock += len(blocks)
+        self.clock = clock
 
     def access(self, ref):
         """A request used the block (a hit)."""

@@ -22,14 +22,16 @@ Disk (a manager with a DiskTier): an object missing from memory whose copy is kn
 ``disk_tokens`` with the cost model's choice; ``CacheManager.prefetch`` starts those loads.
 """
 from functools import partial
-from itertools import compress, islice, repeat, takewhile
-from operator import attrgetter, is_not, or_
+from itertools import compress, islice, takewhile
+from operator import is_not, or_
 from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
 
-from hybridkv.cache.pool import ObjRef
+from hybridkv.cache.reads import (READ_AT, READ_BLOCK, READ_EP, READ_EXACT,  # noqa: F401
+                                  READ_POOL, READ_POOL_EXACT, READ_VER, PoolReads, Read,
+                                  Reads, new_read)
 from hybridkv.layout import CHAIN_KINDS
 from spec import compressed, indexer, swa, tail
 from spec.common import readable
@@ -70,31 +72,12 @@ class Rejection(NamedTuple):
     reason: str
 
 
-class Read(NamedTuple):
-    """An object a request reads: where, the position it must cover, and the version and
-    relocation epoch it had when checked (the launch re-checks them: spec can_read_pinned)."""
-    ref: ObjRef
-    at: int
-    ver: int
-    ep: int
-    exact: bool = False
-
-
-new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
-
-
-READ_POOL = attrgetter("ref.kind", "ref.group")                  # a Read's pool key
-READ_POOL_EXACT = attrgetter("ref.kind", "ref.group", "exact")
-READ_BLOCK, READ_VER, READ_EP = attrgetter("ref.block"), attrgetter("ver"), attrgetter("ep")
-READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
-
-
 class HitPlan(NamedTuple):
     reuse_tokens: int
     group_hits: dict        # group -> longest H this group alone could resume at
     rejections: tuple       # Rejection, longest H first
     candidates: tuple       # checkpoint positions tried, longest first (the last one passed)
-    reads: tuple            # Read: what resuming at reuse_tokens pins and re-checks
+    reads: Reads            # what resuming at reuse_tokens pins and re-checks
     branch: int             # length of the cached compressed chain (Marconi branch point)
     prompt_tokens: int
     disk: tuple = ()        # DiskRead: objects a resume at disk_tokens needs from disk
@@ -150,7 +133,7 @@ def check_object(pools, ctx, kind, group, b, at, exact, H, disk=None, key=None):
 
 
 class _Run(NamedTuple):
-    reads: list         # Read of blocks 0.. that passed
+    reads: PoolReads    # blocks 0.. that passed
     stop: tuple         # (layer, check, reason) of the first block that did not, or None
     deferred: list      # DiskRead of blocks after the run that are only on disk
     indexed: int        # blocks 0.. the index holds in a row (passing or not)
@@ -170,11 +153,11 @@ def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
         g = layout.group(gname)
         bs, cx = g.block_size, ctxs[gname]
         step, n_blocks = bs // gran, limit // (bs // gran)
-        reads, stop, deferred, first = [], None, [], 1
+        reads, stop, deferred, first = PoolReads(kind, gname), None, [], 1
         found = list(takewhile(_is_block, map(index.chain[(kind, gname)].get,
                                               islice(keys, step - 1, n_blocks * step, step))))
         if len(found) >= WALK_RUN_MIN:          # (the index's blocks in a row from the start)
-            reads = _passing_prefix(pools[(kind, gname)], cx, found, bs)
+            _passing_prefix(reads, pools[(kind, gname)], cx, found, bs)
             first = len(reads) + 1
         for j in range(first, n_blocks + 1):
             key = keys[j * step - 1]
@@ -206,11 +189,11 @@ def reachable_limit(layout, runs, limit):
     return min(limit, reach)
 
 
-def _passing_prefix(pool, cx, blocks, bs):
-    """Reads of the longest prefix of ``blocks`` (chain blocks ending at bs, 2 bs, ...) that
-    passes layers 2-4, checked as one run: the same predicates ``check_object`` calls, each
-    once over the run's records as numpy columns (spec.dual's array mode), the ABI once per
-    distinct stored value."""
+def _passing_prefix(reads, pool, cx, blocks, bs):
+    """Append to ``reads`` (PoolReads) the longest prefix of ``blocks`` (chain blocks ending
+    at bs, 2 bs, ...) that passes layers 2-4, checked as one run: the same predicates
+    ``check_object`` calls, each once over the run's records as numpy columns (spec.dual's
+    array mode), the ABI once per distinct stored value."""
     n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
     stored = list(map(abi_of.__getitem__, blocks))
     if stored.count(pool.abi) == n:     # all under the pool's ABI (its one object, matched
@@ -225,12 +208,12 @@ def _passing_prefix(pool, cx, blocks, bs):
         ok &= fn(mod, o, at, cx)
     ok &= pool.bytes_ok_run(blocks)
     m = n if ok.all() else int(np.argmin(ok))
-    return list(map(new_read, zip(map(pool.refs.__getitem__, blocks[:m]), at[:m].tolist(),
-                                   o.ver[:m].tolist(), o.ep[:m].tolist(), repeat(False, m))))
+    reads.add(blocks[:m], at[:m].tolist(), o.ver[:m].tolist(), o.ep[:m].tolist(), [False] * m)
 
 
 def check_group(layout, index, pools, ctxs, runs, g, H, key, disk=None):
-    """(passed, rejection or None, reads, deferred) of one group for a resume at H."""
+    """(passed, rejection or None, reads, deferred) of one group for a resume at H; reads:
+    (PoolReads, how many of its first) per chain pool, then the exact objects' Read."""
     bs, reads, deferred = g.block_size, [], []
     for kind in ("comp", "idx"):
         if kind not in g.kinds:
@@ -241,7 +224,7 @@ def check_group(layout, index, pools, ctxs, runs, g, H, key, disk=None):
             if len(run.reads) + len(more) < need or run.stop[1] != "disk":
                 return False, Rejection(H, g.name, *run.stop), [], []
             deferred += more
-        reads += run.reads[:need]
+        reads.append((run.reads, need))
     exact_missing, found = False, []
     for spec in layout.exact_at(H):
         if spec.group != g.name:
@@ -265,6 +248,18 @@ def check_group(layout, index, pools, ctxs, runs, g, H, key, disk=None):
         return False, Rejection(H, g.name, 3, "disk", f"{len(deferred)} objects on disk, not "
                                 "verified in memory"), [], deferred
     return True, None, reads, []
+
+
+def _plan_reads(parts):
+    """The plan's Reads from check_group's parts: chain prefixes (PoolReads, n) and Reads."""
+    out = Reads()
+    for part in parts:
+        if isinstance(part, Read):
+            r = part.ref
+            out.add(r.kind, r.group, [r.block], [part.at], [part.ver], [part.ep], [part.exact])
+        else:
+            out.add_run(*part)
+    return out
 
 
 def branch_length(layout, runs):
@@ -301,7 +296,7 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
     on_disk = disk.candidates(keys, limit) if disk is not None else frozenset()
     cands = []                 # the positions tried, longest first, up to the first that passes
     group_hits = {g.name: 0 for g in layout.groups}
-    rejections, passes, chosen, disk_at = [], [], (), None
+    rejections, passes, chosen, disk_at = [], [], [], None
     reach = limit if disk is not None else reachable_limit(layout, runs, limit)
     for H in candidate_positions(keys, reach, gran, ckpts, on_disk, index.ends):
         cands.append(H)
@@ -322,12 +317,12 @@ def run_funnel(layout, index, pools, ctxs, keys, n_tokens, disk=None):
         if not passed and only_disk and deferred and disk_at is None:
             disk_at = (H, tuple(deferred))
         if passed:
-            chosen = tuple(reads)
+            chosen = reads
             break
     H = best_hit(cands, passes)
     extra = ((), 0, "", NO_GROUPS)
     if disk_at is not None:
         choice, per = disk.decide(disk_at[1], H, disk_at[0])
         extra = (disk_at[1], disk_at[0], choice, per)
-    return HitPlan(H, group_hits, tuple(rejections), tuple(cands), chosen if H else (),
+    return HitPlan(H, group_hits, tuple(rejections), tuple(cands), _plan_reads(chosen if H else ()),
                    branch_length(layout, runs), n_tokens, *extra, tuple(keys))

@@ -29,25 +29,25 @@ import contextlib
 import gc
 import threading
 from functools import reduce
-from itertools import groupby
+from itertools import compress
+from operator import not_
 
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
 from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
-from hybridkv.cache.funnel import (READ_BLOCK, READ_EP, READ_POOL, READ_POOL_EXACT, READ_VER,
-                                   HitPlan, Read, run_funnel)
+from hybridkv.cache.funnel import HitPlan, Read, run_funnel
 from hybridkv.cache.index import PrefixIndex, extend_chain, root_key
 from hybridkv.cache.pool import ObjRef, Pool
-from hybridkv.cache.reads import Reads
+from hybridkv.cache.reads import NO_READS
 from hybridkv.cache.tables import NO_LIMIT, GroupCtx
 from hybridkv.cache.request import (Allocation, Request, check_count, check_timeout,
                                    check_tokens, lookup_tokens)
 from hybridkv.cache.snapshots import Snapshots
 from hybridkv.cache.subpages import WindowSubPages, merged
 from hybridkv.cache.tables import TransitionRefused
-from hybridkv.cache.writer import ObjectWriter, fire_runs
+from hybridkv.cache.writer import ObjectWriter
 from hybridkv.errors import (AdmissionRefused, BadArgument, BadSalt, BadTokens,
                              CommitPastAllocation,
                              DraftsPending, LayoutError, Refused, RequestBusy, StaleRead,
@@ -246,35 +246,38 @@ class CacheManager:
     def _check_plan(self, req):
         """The plan's objects are still what the funnel checked (pinnable, same version and
         address): else StaleRead naming the first that is not, nothing changed -- the caller
-        looks up again.  Pool by pool over the plan's runs of reads: the table once per run
+        looks up again.  Pool by pool over the plan's reads: the table once per pool
         (``Pool.accepted``), the versions and epochs compared as lists."""
-        for (kind, group), reads in groupby(req.plan.reads, READ_POOL):
-            reads = list(reads)
-            pool, blocks = self.pools[(kind, group)], list(map(READ_BLOCK, reads))
+        for pk, run in req.plan.reads.runs():
+            pool, blocks = self.pools[pk], run.blocks
             bad = pool.accepted(blocks, "pin")
             vers, eps = pool.recs.values(blocks, "ver"), pool.recs.values(blocks, "ep")
-            if vers != list(map(READ_VER, reads)) or eps != list(map(READ_EP, reads)):
-                bad = min(bad, next(i for i, (r, v, e) in enumerate(zip(reads, vers, eps))
-                                    if (v, e) != (r.ver, r.ep)))
-            if bad < len(reads):
-                raise StaleRead("planned object changed since lookup", tuple(reads[bad].ref))
+            if vers != run.ver or eps != run.ep:
+                bad = min(bad, next(i for i, (v, e, rv, re) in enumerate(
+                    zip(vers, eps, run.ver, run.ep)) if (v, e) != (rv, re)))
+            if bad < len(blocks):
+                raise StaleRead("planned object changed since lookup",
+                                (*pk, blocks[bad]))
 
     def _take_plan(self, req):
         """Pin the plan's objects (they become the request's reads): one run per pool (a
         refresh reads only its block's own state), block by block if one repeats."""
-        refs = [r.ref for r in req.plan.reads]
-        batched = len(set(refs)) == len(refs)
+        runs = [(pk, run.blocks) for pk, run in req.plan.reads.runs()]
+        batched = all(len(set(blocks)) == len(blocks) for _, blocks in runs)
         if batched:
-            fire_runs(self.pools, refs, "pin")
+            for pk, blocks in runs:
+                self.pools[pk].fire_run(blocks, "pin")
         if batched and self.evictor.runs:              # the sets and liveness per pool run
-            self.evictor.took_hit(refs)
+            self.evictor.took_hit(runs)
         else:
-            for r in req.plan.reads:
-                if not batched:
-                    self.pools[(r.ref.kind, r.ref.group)].fire(r.ref.block, "pin")
-                self.evictor.refresh(r.ref)
-                self.evictor.access(r.ref)
-        req.reads = Reads(req.plan.reads)
+            for pk, blocks in runs:
+                refs = self.pools[pk].refs
+                for b in blocks:
+                    if not batched:
+                        self.pools[pk].fire(b, "pin")
+                    self.evictor.refresh(refs[b])
+                    self.evictor.access(refs[b])
+        req.reads = req.plan.reads.copy()
         H = req.plan.reuse_tokens
         req.num_computed_tokens = req.num_allocated_tokens = H
         req.phase = HELD
@@ -284,7 +287,7 @@ class CacheManager:
         start = req.plan.reuse_tokens if first else req.num_allocated_tokens
         if first:
             self._check_plan(req)
-        protect = req.plan.reads if first else ()
+        protect = req.plan.reads if first else NO_READS
         held = self.admission.held_back(protect)         # the hit's blocks, counted once
         need = self.writer.blocks_needed(req, end, draft_end)
         subs = self.subpages.count(req, end, draft_end)
@@ -850,11 +853,11 @@ class CacheManager:
         if not isinstance(plan, HitPlan):
             raise BadArgument("hit_slots needs a HitPlan", type(plan).__name__)
         out = {}
-        for (kind, group, exact), reads in groupby(plan.reads, READ_POOL_EXACT):
-            if not exact:
-                phys = self._pool(kind, group).phys
-                out.setdefault((kind, group), []).extend(map(phys.__getitem__,
-                                                             map(READ_BLOCK, reads)))
+        for pk, run in plan.reads.runs():
+            blocks = run.blocks if True not in run.exact else \
+                list(compress(run.blocks, map(not_, run.exact)))
+            if blocks:
+                out[pk] = list(map(self._pool(*pk).phys.__getitem__, blocks))
         return out
 
     @locked

@@ -39,12 +39,13 @@ class Owned(NamedTuple):
 
     @classmethod
     def write_run(cls, pool, positions):
-        """``write`` of one FREE block per position, as one run (Pool.write_run)."""
+        """``write`` of one FREE block per position, as one run (Pool.write_run): (the
+        blocks, their Owned)."""
         blocks = pool.alloc_run(len(positions))
         pool.write_run(blocks, positions)
-        return list(map(partial(tuple.__new__, cls),      # cls(*fields), no __new__ call
-                        zip(map(pool.refs.__getitem__, blocks), positions,
-                            pool.recs.values(blocks, "ver"))))
+        return blocks, list(map(partial(tuple.__new__, cls),      # cls(*fields), no __new__
+                                zip(map(pool.refs.__getitem__, blocks), positions,
+                                    pool.recs.values(blocks, "ver"))))
 
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""

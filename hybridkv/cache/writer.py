@@ -18,6 +18,9 @@ its pages, the tails, the open compressed and indexer blocks (copy on write).
 """
 import collections
 import heapq
+from bisect import bisect_right
+from itertools import compress, count
+from operator import not_
 
 from hybridkv.cache.reads import Reads
 from hybridkv.cache.pool import ObjRef
@@ -110,16 +113,17 @@ class ObjectWriter:
         """First allocation: tables from the plan's chain reads (pinned, read in place) and
         fresh working objects, the snapshots at H copied into them."""
         H = req.plan.reuse_tokens
-        exact = {(r.ref.kind, r.ref.group): r.ref.block for r in req.plan.reads if r.exact}
+        exact = {(ref.kind, ref.group): ref.block for ref in req.plan.reads.exact_refs()}
         for g in self.layout.groups:
             req.tables[g.name], req.work[g.name] = GroupTables(), GroupWork()
         for pk in self.layout.chain_pools():
             req.blocks[pk], req.chain[pk] = [], collections.deque()
-        for r in req.plan.reads:
-            if not r.exact:
-                pk = (r.ref.kind, r.ref.group)
-                req.tables[r.ref.group].chain(r.ref.kind).append(self.pools[pk].slot(r.ref.block))
-                req.blocks[pk].append(r.ref.block)
+        for pk, run in req.plan.reads.runs():
+            blocks = run.blocks if True not in run.exact else \
+                list(compress(run.blocks, map(not_, run.exact)))
+            if blocks:
+                req.tables[pk[1]].chain(pk[0]).extend(map(self.pools[pk].slot, blocks))
+                req.blocks[pk] += blocks
         for g in self.layout.groups:
             tables, work, bs = req.tables[g.name], req.work[g.name], g.block_size
             for kind in CHAIN_KINDS:
@@ -171,13 +175,11 @@ class ObjectWriter:
         ``_chain_block`` publishes each."""
         pk = (kind, g.name)
         pool = self.pools[pk]
-        objs = Owned.write_run(pool, ends)
-        req.tables[g.name].chain(kind).extend([pool.phys[o.ref.block] for o in objs])
-        req.blocks[pk].extend([o.ref.block for o in objs])
+        blocks, objs = Owned.write_run(pool, ends)
+        req.tables[g.name].chain(kind).extend(map(pool.phys.__getitem__, blocks))
+        req.blocks[pk] += blocks
         req.chain[pk].extend(objs)
-        n_known, known = 0, req.known_tokens
-        while n_known < len(objs) and objs[n_known].at <= known:
-            n_known += 1
+        n_known = bisect_right(ends, req.known_tokens)      # (ends ascend)
         filed = self._file_run(req, pk, objs[:n_known])
         for o in objs[n_known:]:
             self.publish(req, o, False)
@@ -189,9 +191,8 @@ class ObjectWriter:
         (each the next one's parent); from the first taken key on, block by block."""
         kind, gname = pk
         keys = [req.chain_keys[o.at // self.gran - 1] for o in objs]
-        taken, n_free = self.index.chain[pk], 0
-        while n_free < len(keys) and keys[n_free] not in taken:
-            n_free += 1
+        taken = self.index.chain[pk]
+        n_free = next(compress(count(), map(taken.__contains__, keys)), len(keys))
         filed = []
         if n_free >= 2:
             head, blocks = objs[0], [o.ref.block for o in objs[:n_free]]
@@ -237,7 +238,7 @@ class ObjectWriter:
             for j in range(first, stop):
                 self._page(req, g, j)
             return
-        objs = Owned.write_run(self.pools[("swa", g.name)],
+        _, objs = Owned.write_run(self.pools[("swa", g.name)],
                                [(j + 1) * g.window for j in range(first, stop)])
         work = req.work[g.name]
         if not work.pages:
@@ -254,7 +255,7 @@ class ObjectWriter:
             for kind in CHAIN_KINDS:
                 if kind in g.kinds:
                     held = len(tables.chain(kind))
-                    ends = [(j + 1) * bs for j in range(held, ceil_div(end, bs))]
+                    ends = list(range((held + 1) * bs, ceil_div(end, bs) * bs + 1, bs))
                     if ends:
                         self._chain_run(req, g, kind, ends)
                     for j in range(max(held, ceil_div(end, bs)), ceil_div(draft_end, bs)):

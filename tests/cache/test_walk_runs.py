@@ -83,7 +83,7 @@ def test_a_long_hit_is_checked_as_one_run(monkeypatch):
     calls = []
     real = funnel._passing_prefix
     monkeypatch.setattr(funnel, "_passing_prefix",
-                        lambda *a: calls.append(len(a[2])) or real(*a))
+                        lambda *a: calls.append(len(a[3])) or real(*a))   # a[3]: blocks
     batched, single = both_ways(monkeypatch, m, "b", PROMPT)
     assert plan.reuse_tokens == 0 and batched == single
     assert calls and calls[0] >= 100 and batched.reuse_tokens >= 100 * lay.groups[0].block_size

@@ -23,10 +23,8 @@ committed before their token ids are known: nothing unverified is published, and
 append-only block table holds stay valid (no hybridkv draft block to release on rejection).  A
 request looked up without prefix caching gets a salt of its own: it neither hits nor is hit.
 """
-from itertools import compress
 
 from hybridkv.cache import CacheManager
-from hybridkv.cache.funnel import READ_EXACT
 from hybridkv.errors import AdmissionRefused, StaleRead
 from hybridkv.integrations.vllm.bad_blocks import BadBlocks
 from hybridkv.integrations.vllm.block_ids import block_pages, num_pages
@@ -159,9 +157,8 @@ class KVCacheManager(UnusedMachinery):
             if below is None:
                 break
             limit = below
-        windows = {r.ref.group: self.cache.slot(r.ref)          # (exact reads picked
-                   for r in compress(plan.reads, map(READ_EXACT, plan.reads))  # at C speed)
-                   if r.ref.kind == "swa"}
+        windows = {ref.group: self.cache.slot(ref)
+                   for ref in plan.reads.exact_refs() if ref.kind == "swa"}
         self.tracked[request.request_id] = Tracked(request, plan.reuse_tokens, keyed,
                                                    windows=windows)
         return plan

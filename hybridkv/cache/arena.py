@@ -158,10 +158,15 @@ class Arena:
     def _check_give_run(self, pool_key, pages, givers):
         """Block ``givers[i]`` of pool ``pool_key`` owns page ``pages[i]``, for every i:
         ``spec.arena.can_give`` once over them (array mode)."""
-        owners = np.array(list(map(self.owner_of, pages)), dtype=object).reshape(-1, 3)
-        ok = _per_page(can_give(owners[:, 0], owners[:, 1], owners[:, 2].astype(np.int64),
-                                pool_key[0], pool_key[1], np.asarray(givers, np.int64)),
-                       len(pages))
+        n, keys = len(pages), list(map(self.owner.__getitem__, pages))
+        owned_by = np.fromiter(map(self.owner_block.__getitem__, pages), np.int64, n)
+        if keys.count(pool_key) == n:           # one owner pool: its kind and group columns
+            kinds, groups = pool_key            # are constant (one value stands for them)
+        else:
+            owners = np.array(list(map(self.owner_of, pages)), dtype=object).reshape(-1, 3)
+            kinds, groups = owners[:, 0], owners[:, 1]
+        ok = _per_page(can_give(kinds, groups, owned_by, pool_key[0], pool_key[1],
+                                np.asarray(givers, np.int64)), n)
         if not ok.all():
             i = int(np.argmin(ok))
             raise InvariantViolation("arena_routing", ("page given back by a non-owner",
@@ -174,10 +179,11 @@ class Arena:
         self.free.append(page)
         self.pages_held[pool_key] -= 1
 
-    def take(self, pool_key, block):
+    def take(self, pool_key, block, checked=True):
         """Block ``block`` of pool ``pool_key`` just left FREE: its first page (its slot),
-        taken through ``spec.arena.can_take``; no sub-page yet."""
-        page = self._take_page(pool_key, block)
+        taken through ``spec.arena.can_take`` (``checked`` False: the caller checked it,
+        ``check_take``); no sub-page yet."""
+        page = self._take_page(pool_key, block) if checked else self._own_top(pool_key, block)
         self._no_subs_yet(pool_key, page)
         return page
 
@@ -243,40 +249,81 @@ class Arena:
         self._give_page(pool_key, p)
         return True
 
-    def give(self, pool_key, block, page):
-        """Every page of the block whose slot is ``page`` is free again: block ``block`` of
-        pool ``pool_key`` returned to FREE.  ``spec.arena.can_give`` refuses a give by anyone
-        but a page's owner (a FREE page has none) and nothing changes."""
-        pages = self.held_pages(page)
-        self._check_give(pool_key, block, pages)
-        self.more_pages.pop(page, None)
-        for p in pages:
-            self._give_page(pool_key, p)
+    def check_take(self, pool_key, n):
+        """``take_run`` of n blocks would pass ``spec.arena.can_take`` (else it raises)."""
+        self._check_take_top(pool_key, n)
 
-    def take_run(self, pool_key, blocks):
-        """``take`` for each of ``blocks`` (distinct, just left FREE), in order: their slots,
-        ``spec.arena.can_take`` evaluated once over the pages (array mode)."""
-        self._check_take_top(pool_key, len(blocks))
-        slots = [self._own_top(pool_key, b) for b in blocks]
-        for page in slots:
-            self._no_subs_yet(pool_key, page)
-        return slots
+    def check_give(self, pool_key, block, page):
+        """``give`` would pass ``spec.arena.can_give`` (else it raises)."""
+        self._check_give(pool_key, block, self.held_pages(page))
 
-    def give_run(self, pool_key, blocks, slots):
-        """``give`` for each of ``blocks`` (distinct, back to FREE; block i's slot
-        ``slots[i]``), in order: every page they hold free again, ``spec.arena.can_give``
-        evaluated once over all those pages and their givers (array mode); a page its giver
-        does not own refuses the whole run and nothing changes."""
+    def check_give_run(self, pool_key, blocks, slots):
+        """``give_run`` would pass ``spec.arena.can_give`` (else it raises)."""
+        self._check_give_run(pool_key, *self._pages_given(pool_key, blocks, slots))
+
+    def _pages_given(self, pool_key, blocks, slots):
+        """(pages, the block giving each) of blocks whose slots are ``slots`` going FREE."""
+        if self.pages_per_block(pool_key) == 1 and NO_PAGE not in slots:
+            return slots, blocks                # one-page blocks: each holds its slot alone
         pages, givers = [], []
         for b, slot in zip(blocks, slots):
             held = self.held_pages(slot)
             pages += held
             givers += [b] * len(held)
-        self._check_give_run(pool_key, pages, givers)
-        for slot in slots:
-            self.more_pages.pop(slot, None)
+        return pages, givers
+
+    def give(self, pool_key, block, page, checked=True):
+        """Every page of the block whose slot is ``page`` is free again: block ``block`` of
+        pool ``pool_key`` returned to FREE.  ``spec.arena.can_give`` refuses a give by anyone
+        but a page's owner (a FREE page has none) and nothing changes (``checked`` False: the
+        caller checked it, ``check_give``)."""
+        pages = self.held_pages(page)
+        if checked:
+            self._check_give(pool_key, block, pages)
+        self.more_pages.pop(page, None)
         for p in pages:
             self._give_page(pool_key, p)
+
+    def take_run(self, pool_key, blocks, checked=True):
+        """``take`` for each of ``blocks`` (distinct, just left FREE), in order: their slots,
+        ``spec.arena.can_take`` evaluated once over the pages (array mode; ``checked`` False:
+        the caller checked them, ``check_take``)."""
+        n = len(blocks)
+        if checked:
+            self._check_take_top(pool_key, n)
+        if self.pages_per_block(pool_key) > 1 or not n:
+            slots = [self._own_top(pool_key, b) for b in blocks]
+            for page in slots:
+                self._no_subs_yet(pool_key, page)
+            return slots
+        slots = self.free[:-n - 1:-1]           # one-page blocks: the tops, as _own_top pops
+        del self.free[-n:]                      # them, owned at once
+        np.frombuffer(self.page_state, np.uint8)[slots] = PAGE_OWNED
+        owner, owner_block = self.owner, self.owner_block
+        for page, b in zip(slots, blocks):
+            owner[page], owner_block[page] = pool_key, b
+        self.pages_held[pool_key] += n
+        return slots
+
+    def give_run(self, pool_key, blocks, slots, checked=True):
+        """``give`` for each of ``blocks`` (distinct, back to FREE; block i's slot
+        ``slots[i]``), in order: every page they hold free again, ``spec.arena.can_give``
+        evaluated once over all those pages and their givers (array mode); a page its giver
+        does not own refuses the whole run and nothing changes (``checked`` False: the caller
+        checked them, ``check_give_run``)."""
+        pages, givers = self._pages_given(pool_key, blocks, slots)
+        if checked:
+            self._check_give_run(pool_key, pages, givers)
+        more = self.more_pages
+        if more:
+            for slot in slots:
+                more.pop(slot, None)
+        np.frombuffer(self.page_state, np.uint8)[pages] = PAGE_FREE
+        owner, owner_block = self.owner, self.owner_block
+        for p in pages:
+            owner[p], owner_block[p] = None, NO_PAGE
+        self.free += pages
+        self.pages_held[pool_key] -= len(pages)
 
     def move_slot(self, pool_key, block, old, new):
         """A relocation moved the block from first page ``old`` to ``new`` (taken): ``old``
@@ -340,8 +387,9 @@ class Arena:
             if pools[pk].pages_per_block > 1:                # one page per choice
                 evictor.evict_run(pk, 1)
                 continue
-            evictor.evict_run(pk, num_pages - self.n_free,
-                              self._keeps_giving(pk, evictor.index, cost[2], rival))
+            keep = None if len(pools) == 1 else \
+                self._keeps_giving(pk, evictor.index, cost[2], rival)   # (one pool: no rival,
+            evictor.evict_run(pk, num_pages - self.n_free, keep)       # nothing elsewhere)
 
     def _keeps_giving(self, pk, index, place, rival):
         """``keep`` for Evictor.evict_run of giver ``pk`` (one-page blocks, ranked first,

@@ -3,6 +3,8 @@
 returning to FREE, and in a pool of k-page blocks the sub-pages ``reach`` took since
 (hybridkv.cache.subpages); every page moves through the arena, whose take and give are the
 spec's guards."""
+import numpy as np
+
 from hybridkv.cache.arena import ARENA_RUN_MIN, NO_PAGE
 from hybridkv.cache.pool import Pool
 from hybridkv.cache.tables import TransitionRefused
@@ -92,13 +94,32 @@ class ArenaPool(Pool):
         super()._moved(b, old, new)
         self._arena_moved(b, old, new)
 
-    def _arena_moved(self, b, old, new):
-        """Block b's pages follow its move: its slot taken when it leaves FREE, every page it
-        holds given back when it returns."""
+    def _check_move(self, b, old, new):
+        """A block leaving FREE takes the free list's top page (``spec.arena.can_take``), one
+        returning gives back every page it holds (``can_give``): checked before its record
+        changes, so a refusal leaves the block, the pool and the arena as they were."""
         if old == FREE:
-            self.phys[b] = self.arena.take(self.key, b)
+            self.arena.check_take(self.key, 1)
         elif new == FREE:
-            self.arena.give(self.key, b, self.phys[b])
+            self.arena.check_give(self.key, b, self.phys[b])
+
+    def _check_move_run(self, blocks, olds, news):
+        """``_check_move`` of a run: each guard once over the pages it takes or gives."""
+        leaving, entering = (olds == FREE) & (news != FREE), (news == FREE) & (olds != FREE)
+        if leaving.any():
+            self.arena.check_take(self.key, int(leaving.sum()))
+        if entering.any():
+            givers = blocks if entering.all() else np.asarray(blocks)[entering].tolist()
+            self.arena.check_give_run(self.key, givers, list(map(self.phys.__getitem__,
+                                                                  givers)))
+
+    def _arena_moved(self, b, old, new):
+        """Block b's pages follow its move (checked by ``_check_move``): its slot taken when
+        it leaves FREE, every page it holds given back when it returns."""
+        if old == FREE:
+            self.phys[b] = self.arena.take(self.key, b, checked=False)
+        elif new == FREE:
+            self.arena.give(self.key, b, self.phys[b], checked=False)
             self.phys[b] = NO_PAGE
 
     def _moved_run(self, blocks, old, new):
@@ -112,10 +133,11 @@ class ArenaPool(Pool):
             for b in blocks:
                 self._arena_moved(b, old, new)
         elif old == FREE:
-            for b, page in zip(blocks, self.arena.take_run(self.key, blocks)):
+            for b, page in zip(blocks, self.arena.take_run(self.key, blocks, checked=False)):
                 self.phys[b] = page
         else:
-            self.arena.give_run(self.key, blocks, [self.phys[b] for b in blocks])
+            self.arena.give_run(self.key, blocks, [self.phys[b] for b in blocks],
+                                checked=False)
             for b in blocks:
                 self.phys[b] = NO_PAGE
 

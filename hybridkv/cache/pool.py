@@ -191,6 +191,7 @@ class Pool:
         new = EFFECTS[event](rec, cx, *args)
         if tgt != rec.st:                       # st is every record's first field
             new = tuple.__new__(self.rec_type, (tgt, *new[1:]))
+            self._check_move(b, rec.st, tgt)
         self._landed(b, event, rec, new)
         return new
 
@@ -211,10 +212,19 @@ class Pool:
         if (tgts < 0).any():
             st = int(o.st[int(np.argmax(tgts < 0))])
             raise TransitionRefused(self.table.name, self.table.states.get(st, st), event)
+        self._check_move_run(blocks, o.st, tgts)
         col_args = [np.asarray(a) if isinstance(a, list) else a for a in args]
         new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
         self.recs.scatter(idx, new)
         self._landed_run(blocks, event, o, new)
+
+    def _check_move(self, b, old, new):
+        """Block b may leave state ``old`` for ``new`` beyond what the table says (checked
+        before anything changes; a refusal raises and changes nothing): nothing more here,
+        ArenaPool checks the pages the move takes or gives."""
+
+    def _check_move_run(self, blocks, olds, news):
+        """``_check_move`` of each of ``blocks`` (``olds`` / ``news``: state columns)."""
 
     def _landed(self, b, event, old, new):
         """Block b went from ``old`` to ``new`` by ``event``: shadow, free lists, metrics."""

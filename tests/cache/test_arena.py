@@ -265,7 +265,7 @@ def test_seeded_page_given_back_while_held_is_caught(monkeypatch):
 def test_seeded_page_taken_twice_is_caught(monkeypatch):
     """Negative control: ``take`` hands out a page without popping it from the free list, and
     does not check its owner -- checked mode finds the page held twice / owned while free."""
-    def twice(self, pk, b):
+    def twice(self, pk, b, checked=True):
         page = self.free[-1]
         self.page_state[page], self.owner[page], self.owner_block[page] = PAGE_OWNED, pk, b
         self.pages_held[pk] += 1

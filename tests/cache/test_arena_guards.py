@@ -6,6 +6,7 @@ through and only the checked-mode sweep (the spec's routing rules) finds the dam
 import pytest
 
 from hybridkv.cache import CacheManager
+from hybridkv.cache.arena import ARENA_RUN_MIN
 from hybridkv.errors import InvariantViolation
 from proofs.mutate import applied, mutants
 from spec import arena as spec_arena
@@ -110,3 +111,64 @@ def test_check_applies_the_spec_page_rule():
     page = a.free[0]
     a.owner[page], a.owner_block[page] = ("comp", "csa"), 0      # seeded: owner left behind
     assert ("page-owner-state", page, spec_arena.PAGE_FREE, ("comp", "csa")) in a.check(m.pools)
+
+
+def _ready_run(n):
+    """(manager, pool key, pool, n READY blocks of one pool of one-page blocks)."""
+    m = CacheManager(LAY, num_pages=256, checked=True)
+    run(m, "a", [(7 * i + 3) % 250 for i in range(400)])
+    for pk, pool in m.pools.items():
+        ready = [b for b, r in enumerate(pool.recs) if r.st == READY]
+        if len(ready) >= n and m.arena.pages_per_block(pk) == 1:
+            return m, pk, pool, ready[:n]
+    raise AssertionError(f"no pool of one-page blocks with {n} READY blocks")
+
+
+def test_a_run_giving_another_blocks_page_is_refused_by_can_give():
+    """The run path (Pool.fire_run as one run, Arena.give_run: one guard call over the run's
+    pages): a run of READY blocks back to FREE where one block's slot names another block's
+    page is refused naming that page before any record changes: the blocks, the pool and the
+    arena stay as they were; with can_give's block conjunct mutated it goes through."""
+    m, pk, pool, blocks = _ready_run(12)
+    pool.run_min = 2                         # (one gather, one guard call, one scatter)
+    assert len(blocks) - 1 >= ARENA_RUN_MIN
+    a, victim, other = m.arena, blocks[5], blocks[-1]
+    page = pool.phys[other]
+    pool.phys[victim] = page                 # seeded bug: its slot names another's page
+    before, records = _arena_state(a), [pool.recs[b] for b in blocks]
+    free_before = (pool.n_free, list(pool.free))
+    with pytest.raises(InvariantViolation) as e:
+        pool.fire_run(blocks[:-1], "evict")
+    assert e.value.value == "arena_routing" and str(page) in str(e.value)
+    assert _arena_state(a) == before and a.owner_of(page) == (*pk, other)
+    assert [pool.recs[b] for b in blocks] == records and (pool.n_free, pool.free) == free_before
+    with applied(MUTANT["arena.can_give#2"], spec_arena.GUARDS):
+        pool.fire_run(blocks[:-1], "evict")
+    assert a.page_state[page] != PAGE_OWNED and pool.recs[other].st == READY
+    assert ("block-pages", pk, other, READY, []) in a.check(m.pools)
+
+
+def test_a_refused_give_leaves_the_block_as_it_was():
+    """The single-block path checks the arena first too: the block whose slot names another
+    block's page keeps its READY record when the give is refused."""
+    m = _cached()
+    pk, pool, b1, b2 = _two_ready(m)
+    record = pool.recs[b1]
+    pool.phys[b1] = pool.phys[b2]
+    with pytest.raises(InvariantViolation):
+        pool.fire(b1, "evict")
+    assert pool.recs[b1] == record and pool.recs[b1].st == READY
+
+
+def test_a_run_taking_a_held_page_is_refused_by_can_take():
+    """Arena.take_run checks the pages it pops (can_take over them at once): a held page
+    among the free list's top ones refuses the whole run and nothing changes."""
+    m, pk, pool, blocks = _ready_run(2)
+    a = m.arena
+    held = pool.phys[blocks[0]]
+    a.free.insert(len(a.free) - 3, held)     # seeded: a held page among the next 10 taken
+    before = _arena_state(a)
+    with pytest.raises(InvariantViolation) as e:
+        a.take_run(("swa", "swa"), list(range(10)))
+    assert e.value.value == "arena_routing" and str(held) in str(e.value)
+    assert _arena_state(a) == before

@@ -28,9 +28,9 @@ def _counted(monkeypatch):
     for name in calls:
         orig = getattr(Arena, name)
 
-        def wrapped(self, *a, _orig=orig, _name=name):
+        def wrapped(self, *a, _orig=orig, _name=name, **kw):
             calls[_name] += 1
-            return _orig(self, *a)
+            return _orig(self, *a, **kw)
         monkeypatch.setattr(Arena, name, wrapped)
     return calls
 

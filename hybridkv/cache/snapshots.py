@@ -26,6 +26,7 @@ from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.request import Owned, SlotCopy
 
 SEMANTIC = frozenset({"branch", "repeat", "boundary"})
+NEVER = 1 << 62          # a position no request reaches
 RETAINED = SEMANTIC | {"every"}
 
 
@@ -35,6 +36,8 @@ class Snapshots:
         self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
         self.resume_every = resume_every or layout.granule    # a multiple of the granule
+        self.objectless = not any(layout.exact_kinds(P) for P in range(   # no checkpoint has
+            layout.granule, layout.lcm + 1, layout.granule))              # an exact object
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.skipped = 0             # points not written: no room beside their allocation
         self.abandoned = 0           # points written, then given up for another's room
@@ -47,9 +50,10 @@ class Snapshots:
     def points(self, req, start, end):
         """{P: tags} of the retention points in (start, end]."""
         gran, pts = self.layout.granule, {}
+        last = req.prompt_len - 1 if self.objectless else end    # (next_point: none past it)
 
         def add(P, tag):
-            if start < P <= end and P > 0 and P % gran == 0:
+            if start < P <= min(end, last) and P > 0 and P % gran == 0:
                 pts.setdefault(P, set()).add(tag)
         if req.plan.branch < req.prompt_len:
             add(req.plan.branch, "branch")
@@ -66,12 +70,16 @@ class Snapshots:
         """A position at or before the first P > A that ``points(req, A, end)`` can name for
         some end: inside the prompt (the branch, repeat and boundary points lie below
         ``prompt_len``) the next granule; past it the next multiple of ``resume_every`` (the
-        provisional end) or of ``every_n``.  An allocation from A ending before it writes no
-        snapshot (``ObjectWriter.horizon``: a decode step past the prompt crosses a granule
-        without the full allocation path)."""
+        provisional end) or of ``every_n``; none (``NEVER``) in a layout whose checkpoints
+        have no exact object (full attention: the chain blocks alone are the state, a point
+        past the prompt would write and capture nothing).  An allocation from A ending before
+        it writes no snapshot (``ObjectWriter.horizon``: a decode step past the prompt
+        crosses a granule without the full allocation path)."""
         gran = self.layout.granule
         if A < req.prompt_len:
             return (A // gran + 1) * gran
+        if self.objectless:          # no point past the prompt writes or captures anything:
+            return NEVER             # a decode step goes the full path only for a new block
         nxt = (A // self.resume_every + 1) * self.resume_every
         if self.every_n:
             nxt = min(nxt, (A // self.every_n + 1) * self.every_n)

@@ -21,7 +21,8 @@ from hybridkv.layout import ModelLayout
 from tests.cache.helpers import LAY, commit_all
 from tests.cache.test_evict_runs import state
 
-LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8)}
+LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8),
+           "full": ModelLayout.full(block_size=4)}
 PREFIXES = [[(5 * i + 1) % 200 for i in range(60)], [(3 * i + 7) % 200 for i in range(60)]]
 STRIDES = {"granule": None, "long": 16}
 
@@ -80,12 +81,18 @@ def test_the_fast_path_reaches_what_the_full_path_reaches(layout, stride, seq, e
     fast.check_invariants()
 
 
-def test_a_decode_past_the_prompt_skips_the_full_path_between_strides():
+@pytest.mark.parametrize("window, full_paths", [
+    (8, [25, 29, 32, 33, 37, 41, 45]),      # full+SWA: the window snapshot at 32
+    (None, [25, 29, 33, 37, 41, 45]),       # full attention: a point holds nothing
+])
+def test_a_decode_past_the_prompt_skips_the_full_path_between_strides(window, full_paths):
     """Past the prompt a decode step takes the full path only where it needs a block or
-    reaches a multiple of ``resume_every``: with a stride of 16 on full attention (blocks of
-    4, granule 4), a new block at 25, 29, ..., 45 and the stride point at 32 (a cap at every
-    granule would add 24, 28, 36, 40 and 44)."""
-    m = manager(ModelLayout.full(block_size=4), 16, 0)
+    reaches a multiple of ``resume_every`` whose checkpoint has an exact object: with a
+    stride of 16 (blocks of 4, granule 4), a new block at 25, 29, ..., 45 and, on full+SWA,
+    the stride point at 32 (a cap at every granule would add 24, 28, 36, 40 and 44); on full
+    attention no point past the prompt writes anything (``Snapshots.objectless``), so 32 is
+    a step like the others and no allocation names it."""
+    m = manager(ModelLayout.full(block_size=4, window=window), 16, 0)
     calls = []
     full_path = m._allocate
 
@@ -95,8 +102,9 @@ def test_a_decode_past_the_prompt_skips_the_full_path_between_strides():
     m._allocate = counted
     play(m, "serve", 0, 0, 21, 0)
     del calls[:]
-    play(m, "decode", 0, 0, 0, 24)                  # positions 21..44
-    assert calls == [25, 29, 32, 33, 37, 41, 45]
+    steps = play(m, "decode", 0, 0, 0, 24)          # positions 21..44
+    assert calls == full_paths
+    assert [cp for _, _, cp in steps if cp] == ([(32,)] if window else [])
 
 
 def test_seeded_a_horizon_past_the_provisional_end_is_found():

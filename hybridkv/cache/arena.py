@@ -250,8 +250,14 @@ class Arena:
         return True
 
     def check_take(self, pool_key, n):
-        """``take_run`` of n blocks would pass ``spec.arena.can_take`` (else it raises)."""
-        self._check_take_top(pool_key, n)
+        """``take_run`` of n blocks would pass ``spec.arena.can_take`` (else it raises); one
+        block: the guard on the top page alone, as ``take`` asks it."""
+        if n != 1 or not self.free:
+            self._check_take_top(pool_key, n)
+        elif not can_take(self.page_state[self.free[-1]]):
+            page = self.free[-1]
+            raise InvariantViolation("arena_routing", ("page taken while owned", page,
+                                                       self.owner_of(page), pool_key))
 
     def check_give(self, pool_key, block, page):
         """``give`` would pass ``spec.arena.can_give`` (else it raises)."""

@@ -2,9 +2,11 @@
 import numpy as np
 import pytest
 
+from hybridkv.cache import CacheManager
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.records import RecordColumns
 from hybridkv.errors import BadArgument
+from hybridkv.layout import ModelLayout
 from spec.common import PINNED, READY
 from spec.compressed import CompRec
 from tests.cache.helpers import P40, mk, run
@@ -132,3 +134,29 @@ def test_reads_seeded_from_read_records_keep_each_pools_order_and_every_field():
         ([5, 2, 9], [16, 32, 48], [1, 3, 2], [0, 1, 0], [False, False, False])
     assert (runs[b].blocks, runs[b].exact) == ([7], [True])
     assert list(reads) == [records[0], records[1], records[3], records[2]]
+
+
+def test_a_plans_reads_are_its_own_after_the_request_takes_them():
+    """The first allocation copies the plan's read columns into the request's reads
+    (``Reads.copy``): the blocks the request seals later join the request's reads, never the
+    plan's, and the copy compares equal to the plan until then; ``exact_refs`` names a hit's
+    snapshots."""
+    from hybridkv.cache.reads import Reads
+    lay = ModelLayout.full(block_size=4, window=8)
+    m = CacheManager(lay, num_blocks=200)
+    prompt = [(11 * i + 5) % 200 for i in range(60)]
+    m.lookup("a", prompt)
+    a = m.allocate("a", len(prompt))
+    m.commit("a", a.end - a.start)
+    m.free("a")
+    plan = m.lookup("b", prompt + [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert plan.reuse_tokens and isinstance(plan.reads, Reads)
+    before = plan.reads.copy()
+    assert before == plan.reads and before is not plan.reads
+    assert [r.kind for r in plan.reads.exact_refs()] == ["swa"]
+    assert plan.reads.exact_refs() == [r.ref for r in plan.reads if r.exact]
+    a = m.allocate("b", 9)
+    assert m.requests["b"].reads == plan.reads
+    m.commit("b", 9, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert len(m.requests["b"].reads) > len(plan.reads)        # sealed blocks joined
+    assert plan.reads == before                                  # the plan's did not change

@@ -48,7 +48,6 @@ class VllmEvents:
         self.config, self.hash_block_size = kv_cache_config, hash_block_size
         self.lookahead, self.emit = lookahead, emit
         self.hashes, self.keys = {}, {}
-        self.index_of = {}                 # hybridkv group name -> vLLM group index
 
     def clear(self):
         self.hashes.clear()
@@ -73,26 +72,21 @@ class VllmEvents:
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
         of one group's consecutive blocks is one BlockStored, as vLLM emits them."""
         out, emit = [], self.emit          # BlockRemoved, or [group index, block ends]
-        hashes, keys, index_of = self.hashes, self.keys, self.index_of
-        block_hashes, hbs = request.block_hashes, self.hash_block_size
         for e in cache_events:
-            i = index_of.get(e.group)
-            if i is None:
-                i = index_of[e.group] = group_index(e.group)
+            i = group_index(e.group)
             if not e.stored:
-                h = hashes.pop((e.group, e.key), None)
+                h = self.hashes.pop((e.group, e.key), None)
                 if h is not None:
-                    keys.pop((i, h), None)
+                    self.keys.pop((i, h), None)
                     if emit:
                         out.append(BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
                                                 medium=MEDIUM_GPU, group_idx=i))
                 continue
-            j = e.at // hbs - 1                # vllm_hash, inline: once per block
-            if not 0 <= j < len(block_hashes):
+            h = self.vllm_hash(request, e.at)
+            if h is None:
                 continue
-            h = block_hashes[j]
-            hashes[(e.group, e.key)] = h
-            keys[(i, h)] = (e.group, e.key, e.exact, e.at)
+            self.hashes[(e.group, e.key)] = h
+            self.keys[(i, h)] = (e.group, e.key, e.exact, e.at)
             if not emit:                   # the tables alone
                 continue
             bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size

@@ -206,9 +206,9 @@ class Evictor:
         if any(st != PINNED for pk, blocks in runs
                for st in self.pools[pk].recs.values(blocks, "st")):
             for pk, blocks in runs:
-                for b in blocks:
-                    self.refresh(self.pools[pk].refs[b])
-                    self.access(self.pools[pk].refs[b])
+                for ref in map(self.pools[pk].refs.__getitem__, blocks):
+                    self.refresh(ref)
+                    self.access(ref)
             return
         clock = self.clock
         for pk, blocks in runs:

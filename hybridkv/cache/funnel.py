@@ -29,9 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hybridkv.cache.reads import (READ_AT, READ_BLOCK, READ_EP, READ_EXACT,  # noqa: F401
-                                  READ_POOL, READ_POOL_EXACT, READ_VER, PoolReads, Read,
-                                  Reads, new_read)
+from hybridkv.cache.reads import PoolReads, Read, Reads
 from hybridkv.layout import CHAIN_KINDS
 from spec import compressed, indexer, swa, tail
 from spec.common import readable

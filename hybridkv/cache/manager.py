@@ -29,8 +29,6 @@ import contextlib
 import gc
 import threading
 from functools import reduce
-from itertools import compress
-from operator import not_
 
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
@@ -854,8 +852,7 @@ class CacheManager:
             raise BadArgument("hit_slots needs a HitPlan", type(plan).__name__)
         out = {}
         for pk, run in plan.reads.runs():
-            blocks = run.blocks if True not in run.exact else \
-                list(compress(run.blocks, map(not_, run.exact)))
+            blocks = run.chain_blocks()
             if blocks:
                 out[pk] = list(map(self._pool(*pk).phys.__getitem__, blocks))
         return out

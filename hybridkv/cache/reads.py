@@ -13,8 +13,8 @@ admits a pool's run tips first, a hit's block table is one pass per pool.  Itera
 a caller's ``read_ok``).
 """
 from functools import partial
-from itertools import groupby
-from operator import attrgetter
+from itertools import compress, groupby
+from operator import attrgetter, not_
 from typing import NamedTuple
 
 from hybridkv.cache.pool import ObjRef
@@ -33,7 +33,6 @@ class Read(NamedTuple):
 new_read = partial(tuple.__new__, Read)     # Read(*fields) built at C speed (no __new__ call)
 
 READ_POOL = attrgetter("ref.kind", "ref.group")                  # a Read's pool key
-READ_POOL_EXACT = attrgetter("ref.kind", "ref.group", "exact")
 READ_BLOCK, READ_VER, READ_EP = attrgetter("ref.block"), attrgetter("ver"), attrgetter("ep")
 READ_AT, READ_EXACT = attrgetter("at"), attrgetter("exact")
 
@@ -63,11 +62,11 @@ class PoolReads:
         self.ep.append(read.ep)
         self.exact.append(read.exact)
 
-    def prefix(self, n):
-        """The first ``n`` reads, as a new PoolReads."""
-        out = PoolReads(self.kind, self.group)
-        out.add(self.blocks[:n], self.at[:n], self.ver[:n], self.ep[:n], self.exact[:n])
-        return out
+    def chain_blocks(self):
+        """The blocks that are not exact objects (a hit's chain blocks), in order."""
+        if True not in self.exact:
+            return self.blocks
+        return list(compress(self.blocks, map(not_, self.exact)))
 
     def __iter__(self):
         kind, group = self.kind, self.group

@@ -24,9 +24,9 @@ import heapq
 
 from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.request import Owned, SlotCopy
+from hybridkv.cache.subpages import NEVER
 
 SEMANTIC = frozenset({"branch", "repeat", "boundary"})
-NEVER = 1 << 62          # a position no request reaches
 RETAINED = SEMANTIC | {"every"}
 
 

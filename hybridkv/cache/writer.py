@@ -20,7 +20,6 @@ import collections
 import heapq
 from bisect import bisect_right
 from itertools import compress, count
-from operator import not_
 
 from hybridkv.cache.reads import Reads
 from hybridkv.cache.pool import ObjRef
@@ -28,17 +27,6 @@ from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
 from hybridkv.layout import CHAIN_KINDS, ceil_div
 from spec.common import PINNED, WRITING
 from spec.state import LOOKED
-
-
-def fire_runs(pools, refs, event):
-    """``event`` on distinct blocks ``refs`` (ObjRef, any pools): one Pool.fire_run per pool,
-    each pool's blocks in the order given.  (An event's effect on one block reads only that
-    block's record, so grouping by pool reaches the states firing them in order reaches.)"""
-    by_pool = {}
-    for ref in refs:
-        by_pool.setdefault((ref.kind, ref.group), []).append(ref.block)
-    for pk, blocks in by_pool.items():
-        pools[pk].fire_run(blocks, event)
 
 
 class ObjectWriter:
@@ -119,8 +107,7 @@ class ObjectWriter:
         for pk in self.layout.chain_pools():
             req.blocks[pk], req.chain[pk] = [], collections.deque()
         for pk, run in req.plan.reads.runs():
-            blocks = run.blocks if True not in run.exact else \
-                list(compress(run.blocks, map(not_, run.exact)))
+            blocks = run.chain_blocks()
             if blocks:
                 req.tables[pk[1]].chain(pk[0]).extend(map(self.pools[pk].slot, blocks))
                 req.blocks[pk] += blocks

@@ -138,6 +138,7 @@ class _Run(NamedTuple):
 
 
 WALK_RUN_MIN = 8      # a shorter run of found chain blocks is checked block by block
+HEAD_RUN = 64         # a run of found blocks past twice this is checked its head first
 _is_block = partial(is_not, None)      # an index answer that names a block (ids start at 0)
 
 
@@ -189,9 +190,25 @@ def reachable_limit(layout, runs, limit):
 
 def _passing_prefix(reads, pool, cx, blocks, bs):
     """Append to ``reads`` (PoolReads) the longest prefix of ``blocks`` (chain blocks ending
-    at bs, 2 bs, ...) that passes layers 2-4, checked as one run: the same predicates
-    ``check_object`` calls, each once over the run's records as numpy columns (spec.dual's
-    array mode), the ABI once per distinct stored value."""
+    at bs, 2 bs, ...) that passes layers 2-4.  A long run is checked a head first
+    (``HEAD_RUN``) and the rest only when the whole head passed: the index also finds blocks
+    another request is still writing past a short readable prefix, and those need no check
+    beyond the first that fails."""
+    if len(blocks) > 2 * HEAD_RUN:
+        before = len(reads)
+        _passing_run(reads, pool, cx, blocks[:HEAD_RUN], bs, 0)
+        if len(reads) - before < HEAD_RUN:
+            return
+        blocks, start = blocks[HEAD_RUN:], HEAD_RUN
+    else:
+        start = 0
+    _passing_run(reads, pool, cx, blocks, bs, start)
+
+
+def _passing_run(reads, pool, cx, blocks, bs, start):
+    """``_passing_prefix`` of ``blocks`` ending at (start + 1) bs, (start + 2) bs, ..., checked
+    as one run: the same predicates ``check_object`` calls, each once over the run's records
+    as numpy columns (spec.dual's array mode), the ABI once per distinct stored value."""
     n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
     stored = list(map(abi_of.__getitem__, blocks))
     if stored.count(pool.abi) == n:     # all under the pool's ABI (its one object, matched
@@ -200,7 +217,7 @@ def _passing_prefix(reads, pool, cx, blocks, bs):
         abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
         ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
     _, o = pool.recs.gather(blocks)
-    at = np.arange(bs, (n + 1) * bs, bs, dtype=np.int64)
+    at = np.arange((start + 1) * bs, (start + n + 1) * bs, bs, dtype=np.int64)
     mod = KIND_MODULE[kind]
     for _name, fn in READY_CHECKS[kind]:
         ok &= fn(mod, o, at, cx)

@@ -106,3 +106,29 @@ def test_a_dropped_readiness_check_changes_the_run_path_too(monkeypatch, check):
     assert honest[0] == honest[1] and broken[0] == broken[1]
     if check == "readable":
         assert broken[0].reuse_tokens > honest[0].reuse_tokens
+
+
+@pytest.mark.parametrize("readable", [0, 5, funnel.HEAD_RUN - 1, funnel.HEAD_RUN,
+                                      funnel.HEAD_RUN + 1, 150])
+def test_a_long_run_is_checked_its_head_first(monkeypatch, readable):
+    """A chain the index finds far past its readable prefix (another request still writes
+    it): the run path checks the head alone when it fails there, the whole run otherwise,
+    and agrees with the block-by-block walk wherever the first unreadable block lies (in the
+    head, at its last block, just past it, deep in the rest)."""
+    lay = LAYOUTS["full"]
+    bs = lay.groups[0].block_size
+    m = CacheManager(lay, num_blocks=400)
+    m.lookup("a", PROMPT)
+    m.allocate("a", len(PROMPT))
+    if readable:
+        m.commit("a", readable * bs)            # the blocks after it stay WRITING
+    checked = []
+    real = funnel._passing_run
+    monkeypatch.setattr(funnel, "_passing_run",
+                        lambda *a: checked.append(len(a[3])) or real(*a))   # a[3]: blocks
+    batched, single = both_ways(monkeypatch, m, "b", PROMPT)
+    assert batched == single
+    assert batched.reuse_tokens == readable * bs
+    n_found = len(PROMPT) // bs - 1          # (the lookup leaves the last token to compute)
+    assert checked[0] == funnel.HEAD_RUN
+    assert sum(checked) == (funnel.HEAD_RUN if readable < funnel.HEAD_RUN else n_found)

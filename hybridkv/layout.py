@@ -216,6 +216,13 @@ class ModelLayout:
             got = self._exact[key] = tuple((o.kind, o.group) for o in self.objects_at(H, H))
         return got
 
+    @property
+    def objectless(self):
+        """No checkpoint has an exact object (full attention only): a block end is a
+        checkpoint by its chain blocks alone, and nothing is captured between block ends."""
+        return not any(self.exact_kinds(P) for P in range(self.granule, self.lcm + 1,
+                                                          self.granule))
+
     # -- pools ----------------------------------------------------------------------------------
     def pool_tensors(self, kind, g):
         """name -> (rows, dim) of each tensor a block of pool (kind, g) has, per layer."""

@@ -36,8 +36,7 @@ class Snapshots:
         self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
         self.resume_every = resume_every or layout.granule    # a multiple of the granule
-        self.objectless = not any(layout.exact_kinds(P) for P in range(   # no checkpoint has
-            layout.granule, layout.lcm + 1, layout.granule))              # an exact object
+        self.objectless = layout.objectless      # no checkpoint has an exact object
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.skipped = 0             # points not written: no room beside their allocation
         self.abandoned = 0           # points written, then given up for another's room

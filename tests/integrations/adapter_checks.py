@@ -407,17 +407,23 @@ def test_chunked_local_attention_gives_back_the_chunks_before_the_current_one():
 @pytest.mark.parametrize("specs", [(full(),), (full(), swa(40))])
 def test_decode_fast_paths_reach_what_the_full_path_reaches(specs):
     """Decode steps through the adapter's fast paths (a layout without a window makes no
-    slide-only commit; a step reaching no new block names none without reading the tables)
-    hand vLLM the blocks and leave the cache hitting where the full path does: the same
-    calls against an adapter with the slide always sent and every step's blocks built from
-    the tables."""
+    slide-only commit; on full attention a commit waits for the block end; a step reaching
+    no new block names none without reading the tables) hand vLLM the blocks and leave the
+    cache hitting where the full path does: the same calls against an adapter with the slide
+    always sent, every step committed and every step's blocks built from the tables."""
     def drive(kv, forced):
         if forced:
             kv.commits.slides = True
+            kv.commits.block_tokens = 1
             kv.blocks.none_new = lambda start, end: False
         calls, got = [], []
         real = kv.cache.commit
-        kv.cache.commit = lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+
+        def commit(rid, n, *a, **k):
+            out = real(rid, n, *a, **k)
+            calls.append((rid, n, kv.cache.requests[rid].num_computed_tokens))
+            return out
+        kv.cache.commit = commit
         for i in range(3):
             r = request(f"r{i}", list(range(40 + 5 * i)) + [900 + i])
             prefill(kv, r)
@@ -433,5 +439,16 @@ def test_decode_fast_paths_reach_what_the_full_path_reaches(specs):
     full_calls, slow, full_hit = drive(manager(256, *specs), True)
     assert fast == slow and fast_hit == full_hit > 0
     slides = len(specs) > 1
-    assert (0 in fast_calls) == slides and 0 in full_calls      # slide-only commits
-    assert [n for n in fast_calls if n] == [n for n in full_calls if n]
+    assert any(n == 0 for _, n, _ in fast_calls) == slides      # slide-only commits
+    assert any(n == 0 for _, n, _ in full_calls)
+    fast_commits = [c for c in fast_calls if c[1]]
+    full_commits = [c for c in full_calls if c[1]]
+    for rid in ("r0", "r1", "r2"):                  # each request commits every position
+        ends = [end for r, _, end in fast_commits if r == rid]
+        assert ends[-1] == max(end for r, _, end in full_commits if r == rid)
+        if not slides:                              # whole blocks, the rest at the free
+            assert all(end % BS == 0 for end in ends[:-1])
+    if slides:
+        assert fast_commits == full_commits
+    else:
+        assert len(fast_commits) * 4 < len(full_commits)

@@ -18,6 +18,12 @@ the allocation's checkpoints.  Per request (``Tracked``):
                the window below the optimistic count; a layout without a window has nothing
                to slide, so a slide alone is no call (each commit still passes its settled
                positions)
+  whole blocks on a layout with neither a window nor a snapshot object (full attention), a
+               commit inside a block changes nothing but hybridkv's count of computed
+               positions: nothing is sealed, published, captured or slid before the block's
+               end.  There a step's commit waits for the block end (``block_tokens``: every
+               group's block ends are its multiples), so a decode commits once per block, as
+               vLLM caches a block once it is full; a release (``force``) commits the rest
 """
 from hybridkv.integrations.vllm.translate import known_positions, token_ids
 
@@ -38,9 +44,10 @@ class Commits:
     """Moves each tracked request's hybridkv commits along (``advance``); owns the set of
     requests whose commit stopped before a checkpoint not capturable yet."""
 
-    def __init__(self, copies, slides=True):
+    def __init__(self, copies, slides=True, block_tokens=1):
         self.copies = copies              # WorkerCopies: the captures' copies go there
         self.slides = slides              # some group has a window (a slide alone matters)
+        self.block_tokens = block_tokens  # > 1: commits wait for a multiple (whole blocks)
         self.deferred = {}                # request id -> Tracked stopped before a checkpoint
 
     def add_points(self, track, checkpoints, layout):
@@ -49,11 +56,14 @@ class Commits:
         if new:
             track.points = sorted(set(track.points).union(new))
 
-    def advance(self, cache, track, settled=None):
+    def advance(self, cache, track, settled=None, force=False):
         """Commit toward the target as far as the rules allow; slide the windows to the
-        settled basis (``settled``, or the request's)."""
+        settled basis (``settled``, or the request's).  ``force``: past the last whole block
+        too (a release)."""
         request, points = track.request, track.points
         end = track.target     # the other bounds only when the target leaves a commit or a
+        if not force and self.block_tokens > 1:        # whole blocks only (no points there)
+            end -= end % self.block_tokens
         if track.committed < end or self.slides:       # window slides (not a decode's 1st call)
             end = min(end, known_positions(request, track.hash_block_size), track.allocated)
         if track.committed >= end and not self.slides:     # nothing to commit or slide

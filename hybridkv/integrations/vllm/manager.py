@@ -76,7 +76,8 @@ class KVCacheManager(UnusedMachinery):
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
-        self.commits = Commits(self.copies, any(g.window for g in self.layout.groups))
+        self.commits = Commits(self.copies, any(g.window for g in self.layout.groups),
+                               self.layout.granule if self.layout.objectless else 1)
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
         self.prompt_ids = {}                    # request id -> TranslatedIds (lookups reuse)
@@ -320,7 +321,7 @@ class KVCacheManager(UnusedMachinery):
         if track.started:
             track.request = request
             track.target = max(track.target, request.num_computed_tokens)
-            self.commits.advance(self.cache, track)
+            self.commits.advance(self.cache, track, force=True)
         return True
 
     def _released(self, request):

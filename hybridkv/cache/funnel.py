@@ -177,15 +177,18 @@ def walk_chains(layout, index, pools, ctxs, keys, limit, disk=None):
 def reachable_limit(layout, runs, limit):
     """The longest candidate (in granules, at most ``limit``) some group's chains reach in the
     index: a group needs its chain blocks below H, so past its shortest indexed run plus the
-    open block it fails whatever else holds; past every group's, so does each candidate."""
-    gran, reach = layout.granule, 0
+    open block it fails whatever else holds; past every group's, so does each candidate.  A
+    group with no chain of its own (window layers) bounds nothing, and needs no bound: every
+    record hangs from a chain block in each chain pool (``PrefixIndex.anchors_at``), so the
+    other groups' runs bound it too.  A layout with no chain at all is not bounded."""
+    gran, reach, bounded = layout.granule, 0, False
     for g in layout.groups:
         ends = [(runs[(k, g.name)].indexed + 1) * g.block_size - 1
                 for k in CHAIN_KINDS if (k, g.name) in runs]
-        if not ends:
-            return limit
-        reach = max(reach, min(ends) // gran)
-    return min(limit, reach)
+        if ends:
+            bounded = True
+            reach = max(reach, min(ends) // gran)
+    return min(limit, reach) if bounded else limit
 
 
 def _passing_prefix(reads, pool, cx, blocks, bs):

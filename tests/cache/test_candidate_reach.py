@@ -70,3 +70,29 @@ def test_a_block_end_past_a_dropped_chain_block_is_not_tried(monkeypatch):
     assert ours.candidates == (8,) and whole.candidates == (*range(40, 12, -4), 8)
     assert not ours.rejections and [r.H for r in whole.rejections] == list(range(40, 12, -4))
     m.check_invariants()
+
+
+def test_a_window_group_leaves_the_scan_bounded_by_the_chains(monkeypatch):
+    """full + SWA (a window group with no chain of its own): a long prompt sharing a short
+    cached prefix is scanned only as far as the full group's chain is indexed, not to its end
+    (the window group bounds nothing); the plan is the whole scan's."""
+    layout = LAYOUTS["full+swa"]
+    assert any(not set(g.kinds) & {"comp", "idx"} for g in layout.groups)
+    m = manager(layout, ValuePolicy, runs=True)
+    assert play(m, "done", 0, 0, 40, 0) == (0, None)
+    prompt = PREFIXES[0][:40] + [199 - i % 50 for i in range(360)]
+    scanned = []
+    positions = funnel.candidate_positions
+
+    def recording(keys, limit, *rest):
+        scanned.append(limit)
+        return positions(keys, limit, *rest)
+    monkeypatch.setattr(funnel, "candidate_positions", recording)
+    ours = m.lookup("b", prompt)
+    m.requests.pop("b")
+    unbounded(monkeypatch)
+    whole = m.lookup("b", prompt)
+    assert ours == whole and ours.reuse_tokens > 0
+    assert scanned[0] <= 40 // layout.granule + 1 < scanned[1] == (len(prompt) - 1) // \
+        layout.granule
+    m.check_invariants()

@@ -61,11 +61,12 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
     if g.kind == "full":
         return vllm_ids(tables.comp[start_block:end_block])
     out, bs, W, seen = [], g.block_size, g.window, {}
+    oldest = g.first_read(hit) if window_slot is not None else 0    # the hit's window start
     for b in range(start_block, end_block):
         p = b * bs
         slot = tables.swa[p // W] if p // W < len(tables.swa) else -1
         if slot >= 0 and p < hit and window_slot is not None:
-            slot = window_slot if p + bs > g.first_read(hit) else -1
+            slot = window_slot if p + bs > oldest else -1
         if slot < 0:
             out.append(NULL_BLOCK_ID)
             continue
@@ -83,5 +84,6 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     if g.kind == "full":
         return vllm_ids(chain_slots[:hit // bs])
     pages = pages_of(window_slot) if window_slot is not None else ()
-    return [sub_id(pages, p % g.window // bs) if p + bs > g.first_read(hit) and pages
+    oldest = g.first_read(hit)
+    return [sub_id(pages, p % g.window // bs) if p + bs > oldest and pages
             else NULL_BLOCK_ID for p in range(0, hit - hit % bs, bs)]

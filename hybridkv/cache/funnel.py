@@ -119,7 +119,7 @@ def check_object(pools, ctx, kind, group, b, at, exact, H, disk=None, key=None):
                                                         f"({d.state}), not verified in memory"))
         return _Check(False, rejection=(3, "missing", f"{kind} at {at} not cached"))
     pool = pools[(kind, group)]
-    if not can_hit_abi(pool.abi_of[b], pool.abi):
+    if not pool.abi_ok(can_hit_abi, pool.abi_of[b]):
         return _Check(False, rejection=(2, "abi", f"{kind} stored {pool.abi_of[b]} != {pool.abi}"))
     rec = pool.recs[b]
     ok, why = object_ready(kind, rec, at, ctx)
@@ -211,13 +211,13 @@ def _passing_prefix(reads, pool, cx, blocks, bs):
 def _passing_run(reads, pool, cx, blocks, bs, start):
     """``_passing_prefix`` of ``blocks`` ending at (start + 1) bs, (start + 2) bs, ..., checked
     as one run: the same predicates ``check_object`` calls, each once over the run's records
-    as numpy columns (spec.dual's array mode), the ABI once per distinct stored value."""
+    as numpy columns (spec.dual's array mode), the ABI per distinct stored value (Pool.abi_ok)."""
     n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
     stored = list(map(abi_of.__getitem__, blocks))
     if stored.count(pool.abi) == n:     # all under the pool's ABI (its one object, matched
-        ok = np.full(n, bool(can_hit_abi(pool.abi, pool.abi)))    # by identity first)
+        ok = np.full(n, pool.abi_ok(can_hit_abi, pool.abi))       # by identity first)
     else:
-        abi_ok = {a: bool(can_hit_abi(a, pool.abi)) for a in set(stored)}
+        abi_ok = {a: pool.abi_ok(can_hit_abi, a) for a in set(stored)}
         ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
     _, o = pool.recs.gather(blocks)
     at = np.arange((start + 1) * bs, (start + n + 1) * bs, bs, dtype=np.int64)

@@ -79,6 +79,7 @@ class Pool:
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
         self.abi, self.abi_of = abi, [abi] * num_blocks
+        self._abi_verdicts = {}   # (guard, stored ABI, pool ABI) -> its verdict (abi_ok)
         self.recs = RecordColumns(self.rec_type, num_blocks)
         self.free = list(range(num_blocks - 1, -1, -1))   # stack; stale entries skipped
         self.is_free = bytearray(b"\x01") * num_blocks
@@ -105,6 +106,16 @@ class Pool:
     def addr(self, b):
         """Address of block b's rows in layer 0 (every layer's start is aligned alike)."""
         return self._base + self.phys[b] * self._slot_bytes
+
+    def abi_ok(self, guard, stored):
+        """Funnel layer 2 for an object stored under ABI ``stored``: ``guard(stored,
+        self.abi)`` (spec.funnel.can_hit_abi, a pure predicate of two values), asked once per
+        distinct pair and guard, kept for the pool's life: every lookup meets the same few."""
+        key = (guard, stored, self.abi)
+        verdict = self._abi_verdicts.get(key)
+        if verdict is None:
+            verdict = self._abi_verdicts[key] = bool(guard(stored, self.abi))
+        return verdict
 
     def bytes_ok(self, b):
         """Funnel layer 4 for one block: address and length on the GPU block alignment."""

@@ -243,8 +243,10 @@ class ObjectWriter:
                 if kind in g.kinds:
                     held = len(tables.chain(kind))
                     ends = list(range((held + 1) * bs, ceil_div(end, bs) * bs + 1, bs))
-                    if ends:
+                    if len(ends) > 1:
                         self._chain_run(req, g, kind, ends)
+                    elif ends:                  # one block (a decode's next): no run's setup
+                        self._chain_block(req, g, kind, ends[0])
                     for j in range(max(held, ceil_div(end, bs)), ceil_div(draft_end, bs)):
                         self._chain_block(req, g, kind, (j + 1) * bs, draft=1)
             if "swa" in g.kinds:

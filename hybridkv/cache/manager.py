@@ -467,7 +467,8 @@ class CacheManager:
     def commit(self, request_id, num_tokens, token_ids=None, settled_tokens=None):
         """Positions [L, L + num_tokens) are computed (their ids in ``token_ids`` when they
         were generated): publish what became known, seal what is complete, capture a
-        snapshot when the commit ends on a checkpoint position.  ``settled_tokens``: the
+        snapshot when the commit ends on a checkpoint position (or passes one whose
+        objects are all windows: ``Snapshots.passable``).  ``settled_tokens``: the
         positions whose queries have run (default: every committed one); the windows slide
         only past those (an engine that commits a step before it runs keeps what the step
         reads).  Returns the captures' copies (SlotCopy, for a worker that moves the bytes)."""

@@ -93,7 +93,9 @@ class SlotCopy(NamedTuple):
     """One snapshot capture's copy, for an engine whose worker moves the bytes: rows
     [row_start, row_end) (None: to the last row) of tensor ``tensor`` ("": every tensor) of
     slot ``src`` into the same rows of slot ``dst`` (slots of pool (kind, group), as
-    ``tables()`` holds them)."""
+    ``tables()`` holds them).  A pool whose blocks span k arena pages also names each block's
+    pages as they were at the capture (``src_pages``, ``dst_pages``: the commit that captured
+    may slide the source window away before the engine reads the copy)."""
     kind: str
     group: str
     src: int
@@ -101,6 +103,8 @@ class SlotCopy(NamedTuple):
     row_start: int = 0
     row_end: int = None
     tensor: str = ""
+    src_pages: tuple = ()
+    dst_pages: tuple = ()
 
 
 class CacheEvent(NamedTuple):

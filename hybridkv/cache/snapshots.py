@@ -1,8 +1,10 @@
 """Snapshots: the exact objects of a checkpoint at a retention point P (per group the window at
 P, the compressor and indexer open windows, the open compressed block), written when an
 allocation reaches P and captured -- bytes copied from the request's working objects -- by the
-commit that ends exactly at P (a commit that passes P without ending there cannot capture it:
-its objects are released).
+commit that ends exactly at P.  A commit that passes P without ending there captures it only
+when every object of P is a window (``passable``: rows [first_read(P), P), which the request's
+window pages still hold until the commit's slide); otherwise the working objects already hold a
+later state and P's objects are released.
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
 extends), the prompt's last aligned position before its last token (``repeat``: an identical
@@ -170,6 +172,20 @@ class Snapshots:
         req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
         req.sealed_points.append(P)
 
+    def passable(self, req, P):
+        """A commit ending past P can still capture it: each of P's objects is a window whose
+        rows [first_read(P), P) the request's window pages hold now (a tail, an open
+        compressed or indexer block holds the state at the commit's end, not at P)."""
+        for o in req.snapshots.get(P, ()):
+            if o.ref.kind != "swa":
+                return False
+            g = self.layout.group(o.ref.group)
+            work, lo = req.work[g.name], g.first_read(P)
+            if lo < P and not (work.first_page <= lo // g.window and
+                               (P - 1) // g.window < work.first_page + len(work.pages)):
+                return False
+        return True
+
     def _window(self, pool, b, work, P, g):
         """Rows [first_read(P), P) in ring order (row = position mod W) from the window pages
         (none: P starts a chunk)."""
@@ -183,15 +199,21 @@ class Snapshots:
             return
         for src, lo, hi in ((page(hi_page), 0, cut), (page(lo_page), cut, W)):
             self.captured_bytes += pool.copy_rows(b, src, "kv", lo, hi)
-            self.copies.append(SlotCopy(pool.kind, pool.group, pool.slot(src), pool.slot(b),
-                                        lo, hi, "kv"))
+            self._file(pool, src, b, lo, hi, "kv")
 
     def _copy(self, pool, dst, src, tensor=""):
         """Block src's rows into block dst (``tensor`` only, or every one), filed as slots."""
         self.captured_bytes += pool.copy_tensor(dst, src, tensor) if tensor else \
             pool.copy(dst, src)
+        self._file(pool, src, dst, 0, None, tensor)
+
+    def _file(self, pool, src, dst, row_start, row_end, tensor):
+        """File the copy of block src's rows into block dst for the engine's worker (with the
+        blocks' arena pages now, where a block spans several: ``SlotCopy``)."""
+        pages = (tuple(pool.sub_pages(src)), tuple(pool.sub_pages(dst))) \
+            if pool.pages_per_block > 1 else ()
         self.copies.append(SlotCopy(pool.kind, pool.group, pool.slot(src), pool.slot(dst),
-                                    tensor=tensor))
+                                    row_start, row_end, tensor, *pages))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def settle(self, req, P):

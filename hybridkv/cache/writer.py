@@ -324,7 +324,8 @@ class ObjectWriter:
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, req):
         """Positions up to ``num_computed_tokens`` are computed: publish what became known,
-        seal complete chain blocks, capture (or give up) snapshots, slide the windows."""
+        seal complete chain blocks, capture the snapshots it ends on or passes where it may
+        (``Snapshots.passable``; the others are given up), slide the windows."""
         L = req.num_computed_tokens
         self.publish_ready(req)
         for dq in req.chain.values():
@@ -336,7 +337,7 @@ class ObjectWriter:
         snaps = self.snapshots
         while req.pending_points and req.pending_points[0] <= L:
             P = req.pending_points.pop(0)
-            if P == L:
+            if P == L or snaps.passable(req, P):
                 snaps.capture(req, P)
                 snaps.settle(req, P)
             else:

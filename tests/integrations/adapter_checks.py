@@ -179,6 +179,32 @@ def test_a_window_hit_hands_its_capture_and_restore_to_the_worker():
     assert len(kept) == 2 * len(restored) and kv.take_kv_cache_block_copies() == ([], [])
 
 
+def test_a_chunk_commits_once_and_keeps_a_window_snapshot_per_block():
+    """Dense retention (vLLM's default interval): a window snapshot every block.  The chunk's
+    commit passes them in one hybridkv commit (each captured as it passes); the copies
+    name a's window pages as they were, though the commit's slide gives them back."""
+    kv = manager(256, full(), swa(32))
+    a = request("a", list(range(200)))
+    commits, commit = [], kv.cache.commit
+    kv.cache.commit = lambda *args, **kw: commits.append(args) or commit(*args, **kw)
+    assert kv.allocate_slots(a, 160) is not None
+    a.num_computed_tokens = 160
+    window = set(kv.get_block_ids("a")[1]) - {0}
+    assert kv.allocate_slots(a, 40) is not None            # commits the first chunk
+    # [0, 15) ran ahead (16, a point, waits for its rows), [15, 160) is one commit past 9
+    # points, then the new chunk's [160, 175) runs ahead: not one commit per block
+    assert [n for _, n, *_ in commits] == [15, 145, 15]
+    captured, _ = kv.take_kv_cache_block_copies()
+    assert len(captured) >= 8 and {c.src_block_id for c in captured} <= window
+    a.num_computed_tokens = 200
+    kv.free(a)
+    b = request("b", list(range(100)) + [7] * 20)
+    blocks, hit, _ = kv.get_computed_blocks(b)
+    assert hit == 96
+    in_window = {blk.block_id for blk in blocks.blocks[1] if not blk.is_null}
+    assert in_window and in_window <= {c.dst_block_id for c in captured}
+
+
 def test_a_chunk_wider_than_the_window_gets_real_blocks():
     kv = manager(64, swa(16))
     a = request("a", list(range(100)))

@@ -8,11 +8,14 @@ the allocation's checkpoints.  Per request (``Tracked``):
                new, capped at the known tokens; cache_blocks; free: the computed ones), never
                past the allocation nor the known token ids (speculative tokens wait, and a
                block's last position waits for vLLM's hash of the block: token_ids)
-  checkpoints  a commit is split at every checkpoint that has snapshots (each is captured);
-               one past the positions scheduled in earlier steps (``num_computed_tokens``, or
-               the hit) is not captured yet: its copy runs before this step's forward and would
-               read rows the step has not written.  The commit stops just before it and goes
-               on at the next call; ``catch_up`` (each lookup) moves such requests on
+  checkpoints  a commit is split at every checkpoint that has snapshots (each is captured),
+               except one whose objects are all windows: hybridkv captures it as the commit
+               passes (``Snapshots.passable``), so a full + SWA chunk commits once, not once
+               per block.  One past the positions scheduled in earlier steps
+               (``num_computed_tokens``, or the hit) is not captured yet: its copy runs before
+               this step's forward and would read rows the step has not written.  The commit
+               stops just before it and goes on at the next call; ``catch_up`` (each lookup)
+               moves such requests on
   settled      windows slide only past positions whose queries have run
                (``num_computed_tokens - num_in_flight_tokens``): an in-flight step still reads
                the window below the optimistic count; a layout without a window has nothing
@@ -44,15 +47,16 @@ class Commits:
     """Moves each tracked request's hybridkv commits along (``advance``); owns the set of
     requests whose commit stopped before a checkpoint not capturable yet."""
 
-    def __init__(self, copies, slides=True, block_tokens=1):
+    def __init__(self, copies, layout, slides=True, block_tokens=1):
         self.copies = copies              # WorkerCopies: the captures' copies go there
+        self.layout = layout              # ModelLayout: which points are windows only
         self.slides = slides              # some group has a window (a slide alone matters)
         self.block_tokens = block_tokens  # > 1: commits wait for a multiple (whole blocks)
         self.deferred = {}                # request id -> Tracked stopped before a checkpoint
 
-    def add_points(self, track, checkpoints, layout):
+    def add_points(self, track, checkpoints):
         """An allocation's checkpoints that have snapshots join the request's."""
-        new = [P for P in checkpoints if layout.exact_kinds(P) and P > track.committed]
+        new = [P for P in checkpoints if self.layout.exact_kinds(P) and P > track.committed]
         if new:
             track.points = sorted(set(track.points).union(new))
 
@@ -74,12 +78,11 @@ class Commits:
         while track.committed < end:
             while points and points[0] <= track.committed:
                 points.pop(0)
-            stop = end
-            if points and points[0] <= end:
-                stop = points[0] if points[0] <= bound else points[0] - 1
+            P = self._next_stop(points, end, bound)
+            stop = end if P is None else P if P <= bound else P - 1
             if stop > track.committed:
                 self._commit(cache, track, stop, basis)
-            if not points or stop != points[0]:
+            if P is None or stop != P:
                 break
         slide = min(basis, track.committed)
         if slide > track.settled:
@@ -90,6 +93,17 @@ class Commits:
             self.deferred[request.request_id] = track
         else:
             self.deferred.pop(request.request_id, None)
+
+    def _next_stop(self, points, end, bound):
+        """The first of ``points`` (ascending) up to ``end`` a commit must end on (or stop
+        before, past ``bound``): any past the bound, else the first with an object that is
+        not a window; None when there is none."""
+        for P in points:
+            if P > end:
+                return None
+            if P > bound or any(kind != "swa" for kind, _ in self.layout.exact_kinds(P)):
+                return P
+        return None
 
     def _commit(self, cache, track, stop, basis):
         start, rid = track.committed, track.request.request_id

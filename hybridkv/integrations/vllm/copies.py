@@ -33,10 +33,12 @@ class WorkerCopies:
         self.pages_of = pages_of          # slot -> the block's arena pages
         self.pending = {}                 # destination vLLM id -> source vLLM id
 
-    def _ids(self, group, src, dst, row_start=0, row_end=None):
+    def _ids(self, group, src, dst, row_start=0, row_end=None, src_pages=(), dst_pages=()):
+        """(source, destination) vLLM ids of the pages holding rows [row_start, row_end) of
+        the two blocks (their pages as given, else as they are now)."""
         g = self.groups[group]
         last = window_blocks(g) if row_end is None else -(-row_end // g.block_size)
-        src_pages, dst_pages = self.pages_of(src), self.pages_of(dst)
+        src_pages, dst_pages = src_pages or self.pages_of(src), dst_pages or self.pages_of(dst)
         return [(vllm_id(src_pages[j]), vllm_id(dst_pages[j]))
                 for j in range(row_start // g.block_size, last)
                 if src_pages[j] != NO_PAGE and dst_pages[j] != NO_PAGE]
@@ -44,7 +46,8 @@ class WorkerCopies:
     def captured(self, slot_copies):
         """The SlotCopies a commit returned."""
         for c in slot_copies:
-            for src, dst in self._ids(c.group, c.src, c.dst, c.row_start, c.row_end):
+            for src, dst in self._ids(c.group, c.src, c.dst, c.row_start, c.row_end,
+                                      c.src_pages, c.dst_pages):
                 self.pending.pop(dst, None)
                 self.pending[dst] = src
 

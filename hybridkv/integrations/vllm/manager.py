@@ -76,7 +76,8 @@ class KVCacheManager(UnusedMachinery):
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
-        self.commits = Commits(self.copies, any(g.window for g in self.layout.groups),
+        self.commits = Commits(self.copies, self.layout,
+                               any(g.window for g in self.layout.groups),
                                self.layout.granule if self.layout.objectless else 1)
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
@@ -204,7 +205,7 @@ class KVCacheManager(UnusedMachinery):
         if got.copies:
             self.copies.restored(got)
         if got.checkpoints:
-            self.commits.add_points(track, got.checkpoints, self.layout)
+            self.commits.add_points(track, got.checkpoints)
         if not delay_cache_blocks:
             track.target = max(track.target, regular)
         self.commits.advance(self.cache, track)

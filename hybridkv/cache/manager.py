@@ -28,7 +28,6 @@ invariants after every public call (hybridkv.cache.checked).
 import contextlib
 import gc
 import threading
-from functools import reduce
 
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
@@ -331,7 +330,7 @@ class CacheManager:
         and sub-pages counting their snapshots: every point when they fit beside it, else the
         most points that fit in ``Snapshots.priority`` order (the rest are not retained,
         ``stats()["snapshots_skipped"]``).  A snapshot never refuses an allocation that fits
-        without it.  O(log points) admission checks of O(pools + points) each."""
+        without it.  One running sum per point, then O(log points) admission checks of O(pools)."""
         points = self.snapshots.points(req, start, end)
         if not points:
             return points, need, subs
@@ -340,21 +339,18 @@ class CacheManager:
         if self.admission.fits(need_all, held, subs_all):
             return {P: points[P] for P in sorted(points)}, need_all, subs_all
         order = sorted(points, key=lambda P: self.snapshots.priority(P, points[P]))
-        point_need = [self.snapshots.count((P,)) for P in order]      # once per point
-        point_subs = [self.subpages.count_snapshots((P,)) for P in order]
+        need_upto, subs_upto = [dict(need)], [dict(subs)]   # [k]: with the first k points
+        for P in order:
+            need_upto.append(merged(need_upto[-1], self.snapshots.count((P,))))
+            subs_upto.append(merged(subs_upto[-1], self.subpages.count_snapshots((P,))))
 
         def sized(k):
             """The first k points of ``order``, the allocation's blocks and sub-pages with
             theirs (what blocks_needed and count_snapshots give for them: sums per point)."""
-            return ({P: points[P] for P in sorted(order[:k])},
-                    reduce(merged, point_need[:k], dict(need)),
-                    reduce(merged, point_subs[:k], dict(subs)))
+            return {P: points[P] for P in sorted(order[:k])}, need_upto[k], subs_upto[k]
 
         def fits(k):
-            if not k:
-                return True
-            _, need_k, subs_k = sized(k)
-            return self.admission.fits(need_k, held, subs_k)
+            return not k or self.admission.fits(need_upto[k], held, subs_upto[k])
         lo, hi = 0, len(order)                # fits(lo); fits(hi) False
         while hi - lo > 1:
             mid = (lo + hi) // 2

@@ -107,6 +107,7 @@ class Snapshots:
     def write(self, req, points, publish):
         """Write the exact objects of every point (WRITING) and publish those whose tokens
         are known (``publish(req, owned, exact=True)``): a lookup may meet them unfinished."""
+        written = []
         for P, tags in points.items():
             objs = [Owned.write(self.pools[(s.kind, s.group)], P)
                     for s in self.layout.exact_at(P)]
@@ -114,8 +115,10 @@ class Snapshots:
             req.snapshot_tags[P] = set(tags)
             req.to_publish[P] = len(objs)
             req.pending_points.append(P)
+            written.append((P, objs))
+        self.subpages.fill_snapshots(written)
+        for P, objs in written:
             for o in objs:
-                self.subpages.fill_snapshot(o, P)
                 publish(req, o, True)
             self._held(req, P, objs)
 

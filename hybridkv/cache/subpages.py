@@ -107,13 +107,20 @@ class WindowSubPages:
         return next(o.ref.block for o in req.drafts if o.ref.kind == "swa" and
                     o.ref.group == group and o.at == (j + 1) * W)
 
-    def fill_snapshot(self, o, P):
-        """Snapshot ``o`` (just written at P) takes the sub-pages its rows need."""
-        if o.ref.kind == "swa" and o.ref.group in self.multi:
-            pool = self.multi[o.ref.group][0]
-            subs = range(1, 1 + self.snapshot_subs(o.ref.group, P))
-            if subs:
-                pool.reach(o.ref.block, list(subs))
+    def fill_snapshots(self, written):
+        """The window snapshots just written (``written``: (P, objects) per point) take the
+        sub-pages their rows need: one run per pool (``ArenaPool.reach_run``)."""
+        runs = {}                          # group -> (blocks, their sub-pages)
+        for P, objs in written:
+            for o in objs:
+                if o.ref.kind == "swa" and o.ref.group in self.multi:
+                    n = self.snapshot_subs(o.ref.group, P)
+                    if n:
+                        blocks, subs = runs.setdefault(o.ref.group, ([], []))
+                        blocks.append(o.ref.block)
+                        subs.append(list(range(1, 1 + n)))
+        for group, (blocks, subs) in runs.items():
+            self.multi[group][0].reach_run(blocks, subs)
 
     def slide(self, req, group, L):
         """The first window page gives back its sub-pages wholly below ``oldest_read(L)``."""

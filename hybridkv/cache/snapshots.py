@@ -27,6 +27,7 @@ import heapq
 from hybridkv.cache.arena_pool import ArenaPool
 from hybridkv.cache.request import Owned, SlotCopy
 from hybridkv.cache.subpages import NEVER
+from hybridkv.errors import InvariantViolation
 
 SEMANTIC = frozenset({"branch", "repeat", "boundary"})
 RETAINED = SEMANTIC | {"every"}
@@ -107,10 +108,19 @@ class Snapshots:
     def write(self, req, points, publish):
         """Write the exact objects of every point (WRITING) and publish those whose tokens
         are known (``publish(req, owned, exact=True)``): a lookup may meet them unfinished."""
+        at_pool = {}                       # pool key -> the points with an object there
+        for P in points:
+            for spec in self.layout.exact_at(P):
+                at_pool.setdefault((spec.kind, spec.group), []).append(P)
+        made = {}                          # (pool key, P) -> its object, one run per pool
+        for pk, Ps in at_pool.items():
+            _, objs = Owned.write_run(self.pools[pk], Ps)
+            if len(objs) != len(Ps):
+                raise InvariantViolation("admission", ("no block for a snapshot", pk, Ps))
+            made.update(zip(((pk, P) for P in Ps), objs))
         written = []
         for P, tags in points.items():
-            objs = [Owned.write(self.pools[(s.kind, s.group)], P)
-                    for s in self.layout.exact_at(P)]
+            objs = [made[((s.kind, s.group), P)] for s in self.layout.exact_at(P)]
             req.snapshots[P] = objs
             req.snapshot_tags[P] = set(tags)
             req.to_publish[P] = len(objs)
@@ -149,31 +159,40 @@ class Snapshots:
                 self.reclaimable[pk] -= n
             self.reclaimable_objects -= entry[2]
 
-    def capture(self, req, P):
-        """The commit ended at P: copy the working state into P's objects and seal them."""
-        self._resolved(req, P)
-        for o in req.snapshots[P]:
-            pool = self.pools[(o.ref.kind, o.ref.group)]
-            g = self.layout.group(o.ref.group)
-            work, b, filed = req.work[g.name], o.ref.block, len(self.copies)
-            if o.ref.kind == "swa":
-                self._window(pool, b, work, P, g)
-            elif o.ref.kind == "tail":
-                self._copy(pool, b, work.tail.ref.block)
-            elif o.ref.kind == "comp":
-                self._copy(pool, b, req.blocks[("comp", g.name)][P // g.block_size])
-            else:
-                self._copy(pool, b, work.itail.ref.block, "tail")
-                if P % g.block_size:
-                    self._copy(pool, b, req.blocks[("idx", g.name)][P // g.block_size], "keys")
-            if pool.recs.value(b, "pub"):
-                pool.fire(b, "fill")
-                pool.fire(b, "seal")
-            else:
-                self.evictor.drop(o.ref, "reject")    # its key is another copy's: never kept
-                del self.copies[filed:]               # nobody reads what it got
-        req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
-        req.sealed_points.append(P)
+    def capture(self, req, Ps):
+        """The commit ended at the last of points ``Ps`` (ascending) and passed the others
+        (``passable``): copy the working state into their objects, seal them (one run per
+        pool: ``Pool.fire_run``), and settle each in order."""
+        sealed = {}                        # pool key -> the blocks to fill and seal
+        for P in Ps:
+            self._resolved(req, P)
+            for o in req.snapshots[P]:
+                pool = self.pools[(o.ref.kind, o.ref.group)]
+                g = self.layout.group(o.ref.group)
+                work, b, filed = req.work[g.name], o.ref.block, len(self.copies)
+                if o.ref.kind == "swa":
+                    self._window(pool, b, work, P, g)
+                elif o.ref.kind == "tail":
+                    self._copy(pool, b, work.tail.ref.block)
+                elif o.ref.kind == "comp":
+                    self._copy(pool, b, req.blocks[("comp", g.name)][P // g.block_size])
+                else:
+                    self._copy(pool, b, work.itail.ref.block, "tail")
+                    if P % g.block_size:
+                        self._copy(pool, b, req.blocks[("idx", g.name)][P // g.block_size],
+                                   "keys")
+                if pool.recs.value(b, "pub"):
+                    sealed.setdefault((pool.kind, pool.group), []).append(b)
+                else:
+                    self.evictor.drop(o.ref, "reject")    # its key is another copy's: never kept
+                    del self.copies[filed:]               # nobody reads what it got
+        for pk, blocks in sealed.items():
+            self.pools[pk].fire_run(blocks, "fill")
+            self.pools[pk].fire_run(blocks, "seal")
+        for P in Ps:
+            req.snapshots[P] = [o for o in req.snapshots[P] if o.live(self.pools)]
+            req.sealed_points.append(P)
+            self.settle(req, P)
 
     def passable(self, req, P):
         """A commit ending past P can still capture it: each of P's objects is a window whose

@@ -334,14 +334,18 @@ class ObjectWriter:
                 done.append(dq.popleft())
             if done:
                 self._seal_run(req, done)
-        snaps = self.snapshots
+        snaps, captured = self.snapshots, []
         while req.pending_points and req.pending_points[0] <= L:
             P = req.pending_points.pop(0)
             if P == L or snaps.passable(req, P):
-                snaps.capture(req, P)
-                snaps.settle(req, P)
+                captured.append(P)
             else:
+                if captured:                       # in order: what it passed first
+                    snaps.capture(req, captured)
+                    captured = []
                 snaps.reject(req, P)
+        if captured:
+            snaps.capture(req, captured)
         self.slide(req, min(L, req.num_settled_tokens))
 
     def _seal_run(self, req, objs):

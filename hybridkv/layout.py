@@ -216,6 +216,11 @@ class ModelLayout:
             got = self._exact[key] = tuple((o.kind, o.group) for o in self.objects_at(H, H))
         return got
 
+    def windows_only(self, H):
+        """Every exact object at H is a window: a commit that passes H without ending there
+        can still capture it (``Snapshots.passable``; the vLLM adapter's commits pass it)."""
+        return all(kind == "swa" for kind, _ in self.exact_kinds(H))
+
     @property
     def objectless(self):
         """No checkpoint has an exact object (full attention only): a block end is a

@@ -110,8 +110,8 @@ class Snapshots:
         are known (``publish(req, owned, exact=True)``): a lookup may meet them unfinished."""
         at_pool = {}                       # pool key -> the points with an object there
         for P in points:
-            for spec in self.layout.exact_at(P):
-                at_pool.setdefault((spec.kind, spec.group), []).append(P)
+            for pk in self.layout.exact_kinds(P):
+                at_pool.setdefault(pk, []).append(P)
         made = {}                          # (pool key, P) -> its object, one run per pool
         for pk, Ps in at_pool.items():
             _, objs = Owned.write_run(self.pools[pk], Ps)
@@ -120,7 +120,7 @@ class Snapshots:
             made.update(zip(((pk, P) for P in Ps), objs))
         written = []
         for P, tags in points.items():
-            objs = [made[((s.kind, s.group), P)] for s in self.layout.exact_at(P)]
+            objs = [made[(pk, P)] for pk in self.layout.exact_kinds(P)]
             req.snapshots[P] = objs
             req.snapshot_tags[P] = set(tags)
             req.to_publish[P] = len(objs)
@@ -198,9 +198,9 @@ class Snapshots:
         """A commit ending past P can still capture it: each of P's objects is a window whose
         rows [first_read(P), P) the request's window pages hold now (a tail, an open
         compressed or indexer block holds the state at the commit's end, not at P)."""
+        if not self.layout.windows_only(P):
+            return False
         for o in req.snapshots.get(P, ()):
-            if o.ref.kind != "swa":
-                return False
             g = self.layout.group(o.ref.group)
             work, lo = req.work[g.name], g.first_read(P)
             if lo < P and not (work.first_page <= lo // g.window and

@@ -47,11 +47,12 @@ class Commits:
     """Moves each tracked request's hybridkv commits along (``advance``); owns the set of
     requests whose commit stopped before a checkpoint not capturable yet."""
 
-    def __init__(self, copies, layout, slides=True, block_tokens=1):
+    def __init__(self, copies, layout):
         self.copies = copies              # WorkerCopies: the captures' copies go there
         self.layout = layout              # ModelLayout: which points are windows only
-        self.slides = slides              # some group has a window (a slide alone matters)
-        self.block_tokens = block_tokens  # > 1: commits wait for a multiple (whole blocks)
+        self.slides = any(g.window for g in layout.groups)   # a slide alone matters
+        # an objectless layout (full attention): commits wait for whole blocks
+        self.block_tokens = layout.granule if layout.objectless else 1
         self.deferred = {}                # request id -> Tracked stopped before a checkpoint
 
     def add_points(self, track, checkpoints):
@@ -101,7 +102,7 @@ class Commits:
         for P in points:
             if P > end:
                 return None
-            if P > bound or any(kind != "swa" for kind, _ in self.layout.exact_kinds(P)):
+            if P > bound or not self.layout.windows_only(P):
                 return P
         return None
 

@@ -76,9 +76,7 @@ class KVCacheManager(UnusedMachinery):
         self.tracked = {}                                       # request id -> Tracked
         self.events = []                                        # vLLM KV events to take
         self.copies = WorkerCopies(self.layout, self.pages_of)  # this step's worker copies
-        self.commits = Commits(self.copies, self.layout,
-                               any(g.window for g in self.layout.groups),
-                               self.layout.granule if self.layout.objectless else 1)
+        self.commits = Commits(self.copies, self.layout)
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
         self.prompt_ids = {}                    # request id -> TranslatedIds (lookups reuse)

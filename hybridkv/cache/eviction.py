@@ -83,7 +83,8 @@ class Evictor:
             admitted, ents = self.admitted[pk], self.index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             sts = pool.recs.values(pool_blocks, "st")
-            if PINNED not in sts and ents.keys() >= set(pool_blocks):   # every one changes
+            chain = PINNED not in sts and self.liveness.chain_of(pk, pool_blocks)
+            if chain or PINNED not in sts and ents.keys() >= set(pool_blocks):  # all change
                 keep, changed, states = range(len(pool_blocks)), pool_blocks, sts
             else:
                 keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
@@ -105,8 +106,8 @@ class Evictor:
                                               for col in (pool_blocks, at, exact))
                 admitted.update(pool_blocks)                # else none admitted yet: all
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
-                self._place_run(pk, changed, states)
-            self.liveness.settle_chain(pk, changed)
+                self._place_run(pk, changed, states, chain)
+            self.liveness.settle_chain(pk, changed, chain)
 
     def _admit_chains(self, pk, blocks, at, exact, tag):
         """New policy entries for ``blocks`` (not admitted yet; their positions and exact
@@ -125,15 +126,17 @@ class Evictor:
                                list(map(float, map(mul, run_at, repeat(pool.n_layers)))),
                                tag, self.clock)
 
-    def _place_run(self, pk, blocks, states):
+    def _place_run(self, pk, blocks, states, chain=False):
         """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``
-        and offered to the policy while a cached leaf (``refresh`` with the state in hand)."""
+        and offered to the policy while a cached leaf (``refresh`` with the state in hand).
+        ``chain``: ``blocks`` are a chain given deepest first (Liveness.chain_of), so only the
+        first can be a leaf."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
         if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET and \
                 eligible.isdisjoint(blocks):        # newly cached (a free): the leaves join
             cached.update(blocks)
-            leaves = [b for b in blocks if not ents[b].children]
+            leaves = [b for b in (blocks[:1] if chain else blocks) if not ents[b].children]
             for b in leaves:
                 policy.eligible(b)
             eligible.update(leaves)

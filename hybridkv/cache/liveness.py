@@ -33,16 +33,27 @@ class Liveness:
         change to its parent (and on up)."""
         self.settle_chain(pk, (b,))
 
-    def settle_chain(self, pk, blocks):
+    def chain_of(self, pk, blocks):
+        """Whether ``blocks`` are published chain blocks given deepest first: each one's
+        parent is the next one given (so each but the first has a child)."""
+        ents = self.index.entries[pk]
+        try:
+            ups = [ents[b].parent.block for b in blocks[:-1]]
+            ents[blocks[-1]]
+        except (KeyError, AttributeError, IndexError):  # unpublished, a parent missing, none
+            return False
+        return ups == (blocks[1:] if type(blocks) is list else list(blocks[1:]))
+
+    def settle_chain(self, pk, blocks, chain=False):
         """``settle`` of each of ``blocks`` (their cached state changed), in order: a block's
         blocked and live follow from its cached state and its live children; while its
         liveness flips, the change goes to its parent's count and on up -- except where the
         parent is the next block given (derived next anyway), so a chain given deepest first is
-        walked once."""
+        walked once.  ``chain``: the caller found ``chain_of(pk, blocks)`` true."""
         ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
         blocked, live = self.blocked[pk], self.live[pk]
         n = len(blocks)
-        if n >= CHAIN_RUN_MIN and self._settle_cached_chain(pk, blocks):
+        if n >= CHAIN_RUN_MIN and self._settle_cached_chain(pk, blocks, chain):
             return
         for i, b in enumerate(blocks):
             nxt = blocks[i + 1] if i + 1 < n else None
@@ -65,23 +76,20 @@ class Liveness:
                 below[up] = below.get(up, 0) + (1 if now else -1)
                 b, nxt = (None if up == nxt else up), None
 
-    def _settle_cached_chain(self, pk, blocks):
+    def _settle_cached_chain(self, pk, blocks, chain=False):
         """``settle_chain`` of a chain run given deepest first that was live and is all cached
         now (a free of a request's chain), set by set instead of block by block; False (nothing
-        changed) when ``blocks`` is not such a run.  Block i had its child i-1 among its live
-        children, so it stays live only while it has another (``below`` > 1; the deepest: > 0)
-        or a block below it does: the first such block k and all above it stay live (blocked),
-        the blocks below k die, and when none stays, the top one's parent loses a live child
-        and settles on up."""
-        ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
+        changed) when ``blocks`` is not such a run (``chain``: known to be a chain).  Block i
+        had its child i-1 among its live children, so it stays live only while it has another
+        (``below`` > 1; the deepest: > 0) or a block below it does: the first such block k and
+        all above it stay live (blocked), the blocks below k die, and when none stays, the top
+        one's parent loses a live child and settles on up."""
+        cached, below = self.cached[pk], self.below[pk]
         live, n = self.live[pk], len(blocks)
-        try:
-            ups = [ents[b].parent.block for b in blocks[:-1]]
-            top = ents[blocks[-1]].parent
-        except (KeyError, AttributeError):          # unpublished, or a parent missing
+        if not (chain or self.chain_of(pk, blocks)) or \
+                not (live.issuperset(blocks) and cached.issuperset(blocks)):
             return False
-        if ups != blocks[1:] or not (live.issuperset(blocks) and cached.issuperset(blocks)):
-            return False
+        top = self.index.entries[pk][blocks[-1]].parent
         counts = list(map(below.get, blocks, repeat(0)))
         k = 0 if counts[0] > 0 else next((i for i in range(1, n) if counts[i] > 1), n)
         dead, blocked = blocks[:k], self.blocked[pk]

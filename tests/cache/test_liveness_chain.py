@@ -83,3 +83,26 @@ def test_a_run_stopping_part_way_keeps_the_blocks_above_live_and_blocked():
     assert lv.blocked[PK] == {1}
     assert lv.below[PK][1] == 1 and lv.below[PK][2] == 0
     assert lv.check(PK) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(), st.data())
+def test_chain_of_is_each_block_parented_by_the_next_given(tree, data):
+    """Liveness.chain_of(pk, blocks) (a caller's proof that blocks form a published chain
+    given deepest first, which lets settle_chain and Evictor._place_run skip their own checks)
+    is exactly: every block published and each one's parent the next block given -- for a
+    list or a tuple; a reordered or gapped run, or one naming an unpublished block, is not."""
+    parents, cached, run = tree
+    m = CacheManager(LAYOUT, device="meta", num_blocks=len(parents) + 1)
+    lv = Liveness({PK: m.pools[PK]}, m.index, {PK: set()})
+    for b, p in enumerate(parents):
+        m.index.publish(ObjRef(PK[0], PK[1], b), b"k%d" % b, False,
+                        None if p is None else ObjRef(PK[0], PK[1], p))
+    blocks = data.draw(st.one_of(st.just(run), st.permutations(run),
+                                 st.lists(st.integers(0, len(parents)), min_size=1,
+                                          max_size=6)))
+    truth = all(b < len(parents) for b in blocks) and \
+        all(parents[b] == up for b, up in zip(blocks, blocks[1:]))
+    assert lv.chain_of(PK, list(blocks)) == truth
+    assert lv.chain_of(PK, tuple(blocks)) == truth
+    assert lv.chain_of(PK, run)                 # the path up, deepest first

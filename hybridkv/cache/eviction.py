@@ -100,7 +100,10 @@ class Evictor:
                                                float(at[i] * pool.n_layers), tag), self.clock)
                     self._place_run(pk, (b,), (sts[i],))
             else:                                           # admissions first, at once
-                if changed is not pool_blocks or not admitted.isdisjoint(pool_blocks):
+                k = self._fresh_prefix(admitted, pool_blocks) if chain else None
+                if k is not None:           # a chain's admitted blocks: its top (the hit)
+                    pool_blocks, at, exact = pool_blocks[:k], at[:k], exact[:k]
+                elif changed is not pool_blocks or not admitted.isdisjoint(pool_blocks):
                     fresh = [i for i in keep if pool_blocks[i] not in admitted]
                     pool_blocks, at, exact = ([col[i] for i in fresh]
                                               for col in (pool_blocks, at, exact))
@@ -108,6 +111,15 @@ class Evictor:
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
                 self._place_run(pk, changed, states, chain)
             self.liveness.settle_chain(pk, changed, chain)
+
+    @staticmethod
+    def _fresh_prefix(admitted, blocks):
+        """k where ``blocks[:k]`` are not in ``admitted`` and ``blocks[k:]`` all are (a chain
+        given deepest first whose top the request reused); None when they are not split so."""
+        k = len(blocks)
+        while k and blocks[k - 1] in admitted:
+            k -= 1
+        return k if admitted.isdisjoint(blocks[:k]) else None
 
     def _admit_chains(self, pk, blocks, at, exact, tag):
         """New policy entries for ``blocks`` (not admitted yet; their positions and exact
@@ -319,7 +331,7 @@ class Evictor:
         run (Pool.fire_run).  Any other block, or ``runs`` off, goes through ``drop`` one by
         one."""
         pool, ents, admitted = self.pools[pk], self.index.entries[pk], self.admitted[pk]
-        if len(blocks) < 2 or not self.runs or any(
+        if not self.runs or any(
                 b in ents or b in admitted or pool.recs.state(b) == STALE for b in blocks):
             for b in blocks:
                 self.drop(self._ref(pk, b), event)

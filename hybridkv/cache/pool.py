@@ -197,8 +197,10 @@ class Pool:
     def fire(self, b, event, *args):
         """Table transition + the spec's effect on block b; raises TransitionRefused and
         changes nothing when the table refuses."""
-        rec, cx = self.recs[b], self.ctx
-        tgt = self.table.fire(rec.st, event, rec, cx)
+        rec, cx, table = self.recs[b], self.ctx, self.table
+        tgt = table.target(rec.st, event, rec, cx)          # Table.fire, inlined
+        if tgt is None:
+            raise TransitionRefused(table.name, table.states.get(rec.st, rec.st), event)
         new = EFFECTS[event](rec, cx, *args)
         if tgt != rec.st:                       # st is every record's first field
             new = tuple.__new__(self.rec_type, (tgt, *new[1:]))
@@ -214,8 +216,13 @@ class Pool:
         TransitionRefused and changes nothing.  Checked mode shadows every block."""
         n = len(blocks)
         if n < self.run_min or len(set(blocks)) != n:
+            fire = self.fire
+            if not args:                            # most short runs: one or two blocks
+                for b in blocks:
+                    fire(b, event)
+                return
             for i, b in enumerate(blocks):
-                self.fire(b, event, *(a[i] if isinstance(a, list) else a for a in args))
+                fire(b, event, *[a[i] if isinstance(a, list) else a for a in args])
             return
         cx = self.ctx
         idx, o = self.recs.gather(blocks)

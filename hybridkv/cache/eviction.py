@@ -452,6 +452,9 @@ class Evictor:
             for b in self.admitted[pk]:
                 if not self.index.published(pk[0], pk[1], b):
                     bad.append(("admitted-unpublished", pk, b))
+            if len(self.policies[pk]) != len(self.admitted[pk]):     # one entry each
+                bad.append(("policy-entries", pk, len(self.policies[pk]),
+                            len(self.admitted[pk])))
             bad += self.liveness.check(pk)
             for name, blocks in (("cached", self.cached[pk]),
                                  ("blocked", self.liveness.blocked[pk])):

@@ -73,3 +73,18 @@ def test_incremental_check_cost_does_not_grow_with_pool_size():
         seen.append(m.checker.last_checked)
         m.check_invariants()
     assert seen[0] == seen[1] > 0
+
+
+def test_a_policy_entry_without_its_cached_block_is_a_routing_violation():
+    """The evictor's ``admitted`` set is its policy's keys: a policy that holds an entry the
+    evictor does not know (a victim it may name that no set holds) or lost one it does is
+    caught by the sweep."""
+    m = CacheManager(LAY, num_blocks=48, checked=True, check_every=NEVER)
+    run(m, "a", P40)
+    m.check_invariants()
+    pk = ("comp", "csa")
+    b = next(iter(m.evictor.admitted[pk]))
+    m.evictor.admitted[pk].discard(b)       # the policy still holds b's entry
+    with pytest.raises(InvariantViolation) as e:
+        m.check_invariants()
+    assert e.value.value == "state_routing" and "policy-entries" in str(e.value)

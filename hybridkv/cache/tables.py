@@ -53,7 +53,9 @@ class Table:
         another state is harmless: the mask drops them).  Returns each block's target state,
         REFUSED where the event is refused."""
         out = np.full(len(sts), REFUSED, dtype=np.int64)
-        for st in np.unique(sts).tolist():
+        first = int(sts[0]) if len(sts) else REFUSED
+        uniform = len(sts) and bool((sts == first).all())   # the usual run: one state
+        for st in [first] if uniform else np.unique(sts).tolist():
             left = sts == st
             for guards, tgt in self.rows.get((st, event), ()):
                 hit = left

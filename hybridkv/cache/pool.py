@@ -197,10 +197,8 @@ class Pool:
     def fire(self, b, event, *args):
         """Table transition + the spec's effect on block b; raises TransitionRefused and
         changes nothing when the table refuses."""
-        rec, cx, table = self.recs[b], self.ctx, self.table
-        tgt = table.target(rec.st, event, rec, cx)          # Table.fire, inlined
-        if tgt is None:
-            raise TransitionRefused(table.name, table.states.get(rec.st, rec.st), event)
+        rec, cx = self.recs[b], self.ctx
+        tgt = self.table.fire(rec.st, event, rec, cx)
         new = EFFECTS[event](rec, cx, *args)
         if tgt != rec.st:                       # st is every record's first field
             new = tuple.__new__(self.rec_type, (tgt, *new[1:]))

@@ -24,7 +24,7 @@ import torch
 
 from hybridkv.cache.records import RecordColumns
 from hybridkv.cache.storage import storage
-from hybridkv.cache.tables import CheckedMachine, TransitionRefused, table_for
+from hybridkv.cache.tables import CheckedMachine, TransitionRefused, distinct, table_for
 from hybridkv.errors import BadArgument
 from hybridkv.layout import slot_bytes
 from spec.common import FREE, PINNED, READY, WRITING
@@ -268,8 +268,7 @@ class Pool:
                 self.shadows[b].follow(old.st, event, old, cx, new.st)
             self.touched.update(blocks)
         pairs = olds.st * 8 + news.st
-        first = int(pairs[0])
-        kinds = [first] if (pairs == first).all() else np.unique(pairs).tolist()
+        kinds = distinct(pairs)
         for pair in kinds:
             a, z = divmod(pair, 8)
             members = blocks if len(kinds) == 1 else np.asarray(blocks)[pairs == pair].tolist()

@@ -53,9 +53,7 @@ class Table:
         another state is harmless: the mask drops them).  Returns each block's target state,
         REFUSED where the event is refused."""
         out = np.full(len(sts), REFUSED, dtype=np.int64)
-        first = int(sts[0]) if len(sts) else REFUSED
-        uniform = len(sts) and bool((sts == first).all())   # the usual run: one state
-        for st in [first] if uniform else np.unique(sts).tolist():
+        for st in distinct(sts):
             left = sts == st
             for guards, tgt in self.rows.get((st, event), ()):
                 hit = left
@@ -97,6 +95,15 @@ class GroupCtx:
         self.ratio, self.overlap, self.window, self.chunk = g.ratio, g.overlap, g.window, g.chunk
         self.blocks = (g.block_size,) * len(KINDS)     # per kind, in KINDS order
         self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
+
+
+def distinct(col):
+    """The distinct values of an int column, ascending, as Python ints: a run's usual column
+    holds one value, found with one comparison (np.unique costs several Python-level calls)."""
+    if not len(col):
+        return []
+    first = int(col[0])
+    return [first] if (col == first).all() else np.unique(col).tolist()
 
 
 _CACHE = {}

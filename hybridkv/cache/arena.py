@@ -131,13 +131,35 @@ class Arena:
 
     def _own_top(self, pool_key, block):
         """The page on top of the free list (``can_take`` checked by the caller), owned now."""
-        page = self.free.pop()
-        self.page_state[page], self.owner[page], self.owner_block[page] = \
-            PAGE_OWNED, pool_key, block
-        self.pages_held[pool_key] += 1
-        return page
+        return self._own_tops(pool_key, (block,))[0]
+
+    def _own_tops(self, pool_key, blocks):
+        """``_own_top`` for each of ``blocks`` in order (``can_take`` checked by the caller):
+        the pages on top of the free list, the top one first, owned now by pool ``pool_key``,
+        page i by block ``blocks[i]``."""
+        n = len(blocks)
+        if not n:
+            return []
+        pages = self.free[:-n - 1:-1]            # the order n pops take them in
+        del self.free[-n:]
+        state, owner, owner_block = self.page_state, self.owner, self.owner_block
+        for page, b in zip(pages, blocks):
+            state[page], owner[page], owner_block[page] = PAGE_OWNED, pool_key, b
+        self.pages_held[pool_key] += n
+        return pages
+
+    def _one_owner(self, pages):
+        """Every one of ``pages`` has the same owner (kind, group, block), or every one is
+        FREE."""
+        blocks = set(map(self.owner_block.__getitem__, pages))
+        return len(blocks) == 1 and len(set(map(self.owner.__getitem__, pages))) == 1
 
     def _check_give(self, pool_key, block, pages):
+        """``spec.arena.can_give`` of each of ``pages`` given back by ``block`` of
+        ``pool_key``.  Pages that all have one owner (a block's own pages, the usual give)
+        ask the guard once: its verdict on the first is its verdict on each."""
+        if len(pages) > 1 and self._one_owner(pages):
+            pages = pages[:1]
         for p in pages:
             if not can_give(*self.owner_of(p), *pool_key, block):
                 raise InvariantViolation("arena_routing", ("page given back by a non-owner", p,
@@ -173,12 +195,6 @@ class Arena:
                                                        pages[i], self.owner_of(pages[i]),
                                                        pool_key, givers[i]))
 
-    def _give_page(self, pool_key, page):
-        self.page_state[page], self.owner[page], self.owner_block[page] = \
-            PAGE_FREE, None, NO_PAGE
-        self.free.append(page)
-        self.pages_held[pool_key] -= 1
-
     def take(self, pool_key, block, checked=True):
         """Block ``block`` of pool ``pool_key`` just left FREE: its first page (its slot),
         taken through ``spec.arena.can_take`` (``checked`` False: the caller checked it,
@@ -198,7 +214,7 @@ class Arena:
         where the block does not hold them yet: all or nothing (too few free pages, or a block
         that is not the slot's owner, changes nothing)."""
         more = self.more_pages.get(page)
-        if more is None or any(not 1 <= s <= len(more) for s in subs):
+        if more is None or not _sub_pages_of(subs, more):
             raise BadArgument("no such sub-page of the block", (pool_key, block, page, subs))
         self._check_give(pool_key, block, [page])        # only the block's owner grows it
         missing = sorted({s for s in subs if more[s - 1] == NO_PAGE})
@@ -218,7 +234,7 @@ class Arena:
         grow = []                                  # (block, page, its more_pages, missing)
         for b, page, want in zip(blocks, pages, subs):
             more = self.more_pages.get(page)
-            if more is None or any(not 1 <= s <= len(more) for s in want):
+            if more is None or not _sub_pages_of(want, more):
                 raise BadArgument("no such sub-page of the block", (pool_key, b, page, want))
             missing = sorted({s for s in want if more[s - 1] == NO_PAGE})
             if missing:
@@ -229,9 +245,11 @@ class Arena:
                              [b for b, _, _, _ in grow])
         n = sum(len(missing) for _, _, _, missing in grow)
         self._check_take_top(pool_key, n)
-        for b, _, more, missing in grow:
+        taken = iter(self._own_tops(pool_key, [b for b, _, _, missing in grow
+                                               for _ in missing]))
+        for _, _, more, missing in grow:
             for s in missing:
-                more[s - 1] = self._own_top(pool_key, b)
+                more[s - 1] = next(taken)
         return n
 
     def give_sub(self, pool_key, block, page, sub):
@@ -246,7 +264,7 @@ class Arena:
             return False
         self._check_give(pool_key, block, [page, p])
         more[sub - 1] = NO_PAGE
-        self._give_page(pool_key, p)
+        self._give_pages(pool_key, [p])
         return True
 
     def check_take(self, pool_key, n):
@@ -287,8 +305,16 @@ class Arena:
         if checked:
             self._check_give(pool_key, block, pages)
         self.more_pages.pop(page, None)
+        self._give_pages(pool_key, pages)
+
+    def _give_pages(self, pool_key, pages):
+        """Each of ``pages`` (owned by pool ``pool_key``) FREE again, owned by nobody, pushed on
+        the free list in order."""
+        state, owner, owner_block = self.page_state, self.owner, self.owner_block
         for p in pages:
-            self._give_page(pool_key, p)
+            state[p], owner[p], owner_block[p] = PAGE_FREE, None, NO_PAGE
+        self.free += pages
+        self.pages_held[pool_key] -= len(pages)
 
     def take_run(self, pool_key, blocks, checked=True):
         """``take`` for each of ``blocks`` (distinct, just left FREE), in order: their slots,
@@ -297,18 +323,10 @@ class Arena:
         n = len(blocks)
         if checked:
             self._check_take_top(pool_key, n)
-        if self.pages_per_block(pool_key) > 1 or not n:
-            slots = [self._own_top(pool_key, b) for b in blocks]
+        slots = self._own_tops(pool_key, blocks)
+        if self.pages_per_block(pool_key) > 1:
             for page in slots:
                 self._no_subs_yet(pool_key, page)
-            return slots
-        slots = self.free[:-n - 1:-1]           # one-page blocks: the tops, as _own_top pops
-        del self.free[-n:]                      # them, owned at once
-        np.frombuffer(self.page_state, np.uint8)[slots] = PAGE_OWNED
-        owner, owner_block = self.owner, self.owner_block
-        for page, b in zip(slots, blocks):
-            owner[page], owner_block[page] = pool_key, b
-        self.pages_held[pool_key] += n
         return slots
 
     def give_run(self, pool_key, blocks, slots, checked=True):
@@ -324,12 +342,7 @@ class Arena:
         if more:
             for slot in slots:
                 more.pop(slot, None)
-        np.frombuffer(self.page_state, np.uint8)[pages] = PAGE_FREE
-        owner, owner_block = self.owner, self.owner_block
-        for p in pages:
-            owner[p], owner_block[p] = None, NO_PAGE
-        self.free += pages
-        self.pages_held[pool_key] -= len(pages)
+        self._give_pages(pool_key, pages)
 
     def move_slot(self, pool_key, block, old, new):
         """A relocation moved the block from first page ``old`` to ``new`` (taken): ``old``
@@ -337,7 +350,7 @@ class Arena:
         self._check_give(pool_key, block, [old])
         if old in self.more_pages:
             self.more_pages[new] = self.more_pages.pop(old)
-        self._give_page(pool_key, old)
+        self._give_pages(pool_key, [old])
 
     def owner_of(self, page):
         """(kind, group, block) owning ``page``; ``NOBODY`` while it is FREE."""
@@ -353,7 +366,11 @@ class Arena:
 
     def held_by(self, pool, b):
         """Pages block ``b`` of ``pool`` holds now."""
-        return len(self.held_pages(pool.phys[b])) if pool.phys[b] != NO_PAGE else 0
+        page = pool.phys[b]
+        if page == NO_PAGE:
+            return 0
+        more = self.more_pages.get(page)      # its slot, and the sub-pages it holds
+        return 1 + len(more) - more.count(NO_PAGE) if more else 1
 
     def held_by_run(self, pool, blocks):
         """Pages ``blocks`` of ``pool`` hold now together (``held_by`` summed; a pool of
@@ -463,6 +480,12 @@ class Arena:
         waste = sum(padded[name] * n for name, n in used.items()) / n_used if n_used else 0.0
         return {"pages": self.num_pages, "page_bytes": self.page_nbytes, "free": self.n_free,
                 "used": used, "padding_waste": {**padded, "held": waste}}
+
+
+def _sub_pages_of(subs, more):
+    """Every one of ``subs`` names a sub-page 1..k-1 of a block whose sub-pages are
+    ``more``."""
+    return not subs or (min(subs) >= 1 and max(subs) <= len(more))
 
 
 def _per_page(verdict, n):

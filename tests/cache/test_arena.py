@@ -73,11 +73,21 @@ def test_pages_change_owner_only_while_free(monkeypatch):
     """Every page's history alternates take / give (never retyped while held); under pressure
     pages do pass from one kind to another."""
     history = {}                        # per page, whatever path (one block or a run) moved it
-    take, give = Arena._own_top, Arena._give_page
-    monkeypatch.setattr(Arena, "_own_top", lambda self, pk, b: history.setdefault(
-        page := take(self, pk, b), []).append(("take", pk)) or page)
-    monkeypatch.setattr(Arena, "_give_page", lambda self, pk, page: (
-        give(self, pk, page), history[page].append(("give", pk))))
+    take, give = Arena._own_tops, Arena._give_pages
+
+    def took(self, pk, blocks):
+        pages = take(self, pk, blocks)
+        for page in pages:
+            history.setdefault(page, []).append(("take", pk))
+        return pages
+
+    def gave(self, pk, pages):
+        give(self, pk, pages)
+        for page in pages:
+            history[page].append(("give", pk))
+
+    monkeypatch.setattr(Arena, "_own_tops", took)
+    monkeypatch.setattr(Arena, "_give_pages", gave)
     m = mk(64)
     rng = random.Random(1)
     for i in range(30):

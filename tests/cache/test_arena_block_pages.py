@@ -117,6 +117,41 @@ def test_a_sub_page_give_or_take_by_a_non_owner_is_refused_and_changes_nothing()
     m.check_invariants()
 
 
+def test_a_block_giving_back_a_page_it_does_not_own_is_refused_and_changes_nothing():
+    """A k-page block's give asks ``can_give`` once when every page has one owner: a give
+    naming another block's sub-page (mixed owners) or one by a block that owns none of them
+    (one owner, the wrong one) is still refused, and nothing changes."""
+    m = mk(16)
+    m.lookup("a", list(range(8)))
+    m.lookup("b", list(range(100, 108)))
+    m.allocate("a", 6)
+    m.allocate("b", 6)
+    pk = ("swa", "g1")
+    (slot, subs), = window_pages(m, "a").items()
+    (other, other_subs), = window_pages(m, "b").items()
+    assert subs[1] != NO_PAGE and other_subs[1] != NO_PAGE
+    a_block, b_block = m.arena.owner_of(slot)[2], m.arena.owner_of(other)[2]
+    state = lambda: (bytes(m.arena.page_state), list(m.arena.owner),  # noqa: E731
+                     list(m.arena.owner_block), list(m.arena.free),
+                     {s: list(p) for s, p in m.arena.more_pages.items()}, dict(m.arena.pages_held))
+    before = state()
+    with pytest.raises(InvariantViolation):             # one owner (a), given by b
+        m.arena.give(pk, b_block, slot)
+    with pytest.raises(InvariantViolation):
+        m.arena.check_give(pk, b_block, slot)
+    assert state() == before
+    m.arena.more_pages[slot][0] = other_subs[1]         # a's bookkeeping names b's page
+    mixed = state()
+    with pytest.raises(InvariantViolation):
+        m.arena.give(pk, a_block, slot)
+    with pytest.raises(InvariantViolation):
+        m.arena.check_give(pk, a_block, slot)
+    assert state() == mixed
+    m.arena.more_pages[slot][0] = subs[1]
+    assert state() == before
+    m.check_invariants()
+
+
 def test_check_catches_a_leaked_sub_page():
     m = mk(16)
     m.lookup("a", list(range(8)))

@@ -99,11 +99,12 @@ class GroupCtx:
 
 def distinct(col):
     """The distinct values of an int column, ascending, as Python ints: a run's usual column
-    holds one value, found with one comparison (np.unique costs several Python-level calls)."""
+    holds one value, found with one comparison; else a set of its values (np.unique costs
+    several Python-level calls, and its first call imports numpy.ma: milliseconds)."""
     if not len(col):
         return []
     first = int(col[0])
-    return [first] if (col == first).all() else np.unique(col).tolist()
+    return [first] if (col == first).all() else sorted(set(col.tolist()))
 
 
 _CACHE = {}

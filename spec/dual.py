@@ -132,6 +132,8 @@ def _bv_pair(a, b):
 
 def Div(a, b):
     """Floor division of non-negative values."""
+    if type(a) is int and type(b) is int:      # the runtime's case, without is_sym's loop
+        return a // b
     if not is_sym(a, b):
         return a // b
     if isinstance(a, z3.BitVecRef) or isinstance(b, z3.BitVecRef):
@@ -141,6 +143,8 @@ def Div(a, b):
 
 def Mod(a, b):
     """Remainder of non-negative values."""
+    if type(a) is int and type(b) is int:
+        return a % b
     if not is_sym(a, b):
         return a % b
     if isinstance(a, z3.BitVecRef) or isinstance(b, z3.BitVecRef):

@@ -300,7 +300,7 @@ class CacheManager:
         if first:
             self.writer.begin(req)
         self.writer.write(req, end, draft_end)
-        self.snapshots.write(req, points, self.writer.publish)
+        self.snapshots.write(req, points, self.writer.publish_run)
         req.num_allocated_tokens = end
         req.num_draft_tokens = draft_end - end
         self.writer.horizon(req)
@@ -534,7 +534,7 @@ class CacheManager:
             need = self.snapshots.count(points)
             self.admission.check(need)
             self.admission.make_room(need)
-            self.snapshots.write(req, points, self.writer.publish)
+            self.snapshots.write(req, points, self.writer.publish_run)
         except AdmissionRefused:
             points = {}
         self.writer.horizon(req)

@@ -105,9 +105,10 @@ class Snapshots:
         return need
 
     # -- write, capture ----------------------------------------------------------------------
-    def write(self, req, points, publish):
+    def write(self, req, points, publish_run):
         """Write the exact objects of every point (WRITING) and publish those whose tokens
-        are known (``publish(req, owned, exact=True)``): a lookup may meet them unfinished."""
+        are known (``publish_run(req, objects, exact=True)``, in point order): a lookup may
+        meet them unfinished."""
         at_pool = {}                       # pool key -> the points with an object there
         for P in points:
             for pk in self.layout.exact_kinds(P):
@@ -127,9 +128,8 @@ class Snapshots:
             req.pending_points.append(P)
             written.append((P, objs))
         self.subpages.fill_snapshots(written)
+        publish_run(req, [o for _, objs in written for o in objs], True)
         for P, objs in written:
-            for o in objs:
-                publish(req, o, True)
             self._held(req, P, objs)
 
     def _room(self, objs):

@@ -140,6 +140,8 @@ class Arena:
         n = len(blocks)
         if not n:
             return []
+        if n > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
         pages = self.free[:-n - 1:-1]            # the order n pops take them in
         del self.free[-n:]
         state, owner, owner_block = self.page_state, self.owner, self.owner_block

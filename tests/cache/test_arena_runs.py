@@ -154,3 +154,17 @@ def test_a_run_growing_a_block_it_does_not_own_is_refused_and_changes_nothing():
     assert e.value.value == "arena_routing" and _arena_state(a) == before
     with applied(MUTANT["arena.can_give#2"], spec_arena.GUARDS):
         assert a.reach_run(pool.key, blocks, pages, [[1, 2]] * len(blocks)) == 20
+
+
+def test_taking_more_pages_than_are_free_raises_and_changes_nothing():
+    """The page run primitive refuses a take the free list cannot cover (admission reserves
+    pages first; a caller that did not is a bug), before any page changes owner."""
+    arena = Arena(4, 4096, device="meta")
+    pk = ("comp", "g")
+    arena.pages_held[pk] = 0
+    assert arena._own_tops(pk, [0, 1]) == [0, 1]
+    before = _arena_state(arena)
+    with pytest.raises(InvariantViolation):
+        arena._own_tops(pk, [2, 3, 4])
+    assert _arena_state(arena) == before
+    assert arena._own_tops(pk, [2, 3]) == [2, 3] and arena.n_free == 0

@@ -107,7 +107,7 @@ class Snapshots:
     # -- write, capture ----------------------------------------------------------------------
     def write(self, req, points, publish_run):
         """Write the exact objects of every point (WRITING) and publish those whose tokens
-        are known (``publish_run(req, objects, exact=True)``, in point order): a lookup may
+        are known (``publish_run(req, exact objects)``, in point order): a lookup may
         meet them unfinished."""
         at_pool = {}                       # pool key -> the points with an object there
         for P in points:
@@ -128,7 +128,7 @@ class Snapshots:
             req.pending_points.append(P)
             written.append((P, objs))
         self.subpages.fill_snapshots(written)
-        publish_run(req, [o for _, objs in written for o in objs], True)
+        publish_run(req, [o for _, objs in written for o in objs])
         for P, objs in written:
             self._held(req, P, objs)
 

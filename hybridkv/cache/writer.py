@@ -273,21 +273,21 @@ class ObjectWriter:
             req.seq += 1
             heapq.heappush(req.unpublished, (o.at, exact, req.seq, o))
 
-    def publish_run(self, req, objs, exact):
+    def publish_run(self, req, objs):
         """``publish`` of each of ``objs`` (exact objects, each filed under its own key and
         none another's parent), in order: each filed as ``publish`` files it, then the
         blocks filed fire ``publish`` as one run per pool (``Pool.fire_run``); filing reads
         the index and the evictor's sets, never another block's record, so the states end as
         the one-by-one calls leave them (``Evictor.runs`` off: those calls)."""
-        if not (exact and self.evictor.runs):
+        if not self.evictor.runs:
             for o in objs:
-                self.publish(req, o, exact)
+                self.publish(req, o, True)
             return
         filed = {}                                  # pool key -> blocks to fire publish
         for o in objs:
             if o.at > req.known_tokens:
-                self.publish(req, o, exact)         # later, once its tokens are known
-            elif self._file(req, o, exact):
+                self.publish(req, o, True)          # later, once its tokens are known
+            elif self._file(req, o, True):
                 filed.setdefault((o.ref.kind, o.ref.group), []).append(o.ref.block)
         for pk, blocks in filed.items():
             self.pools[pk].fire_run(blocks, "publish")

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 
 from hybridkv.cache import CacheManager
 from hybridkv.cache.pool import Pool
-from hybridkv.errors import CacheError
-from tests.cache.test_evict_runs import LAYOUTS, POLICIES, PREFIXES, calls, play, state
+from tests.cache.test_evict_runs import LAYOUTS, POLICIES, calls, play, state
 
 SIZES = {"full+swa": dict(num_blocks=48), "v4-mini": dict(num_blocks=48),
          "full+swa arena": dict(num_pages=64)}
@@ -27,22 +26,6 @@ def manager(name, policy, runs):
     return m
 
 
-def play_chunked(m, op, rid, prefix, n, extra):
-    """``play``, but a prompt is served as an engine chunking it serves it: one commit of
-    the whole allocation."""
-    if op not in ("done", "serve"):
-        return play(m, op, rid, prefix, n, extra)
-    try:
-        tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
-        plan = m.lookup(rid, tokens)
-        a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-        m.commit(rid, a.end - a.start)
-        out = plan.reuse_tokens
-    except CacheError as e:
-        out = type(e).__name__
-    return (out, play(m, "free", rid, prefix, n, extra)) if op == "done" else out
-
-
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("name", sorted(SIZES))
 @settings(max_examples=10, deadline=None)
@@ -50,7 +33,7 @@ def play_chunked(m, op, rid, prefix, n, extra):
 def test_dense_runs_leave_what_object_by_object_leaves(name, policy, seq):
     ref, run = manager(name, policy, runs=False), manager(name, policy, runs=True)
     for call in seq:
-        assert play_chunked(run, *call) == play_chunked(ref, *call), call
+        assert play(run, *call, chunked=True) == play(ref, *call, chunked=True), call
         assert state(run) == state(ref), call
     run.check_invariants()
     ref.check_invariants()
@@ -64,7 +47,7 @@ def test_an_allocation_publishes_its_snapshots_as_one_run(monkeypatch):
     fire_run = Pool.fire_run
     monkeypatch.setattr(Pool, "fire_run", lambda self, blocks, event, *args: (
         fired.append((self.kind, event, list(blocks))), fire_run(self, blocks, event, *args))[1])
-    assert play_chunked(m, "serve", 0, 0, 40, 0) == 0
+    assert play(m, "serve", 0, 0, 40, 0, chunked=True) == 0
     runs = [blocks for kind, event, blocks in fired if kind == "swa" and event == "publish"]
     assert runs and max(map(len, runs)) >= 2
     swa = next(pk for pk in m.pools if pk[0] == "swa")

@@ -79,17 +79,22 @@ def victim_order(policy):
                                     if e.seq >= 0)]
 
 
-def play(m, op, rid, prefix, n, extra):
-    """One call; returns its outcome (the error's type name, or a small value)."""
+def play(m, op, rid, prefix, n, extra, chunked=False):
+    """One call; returns its outcome (the error's type name, or a small value).  ``chunked``:
+    a prompt is committed as an engine chunking it commits it, in one commit of the whole
+    allocation (passing the window-only points, captured together), not one per checkpoint."""
     try:
         if op == "done":                   # a request served and finished: its chain cached
-            out = play(m, "serve", rid, prefix, n, extra)
+            out = play(m, "serve", rid, prefix, n, extra, chunked)
             return out, play(m, "free", rid, prefix, n, extra)
         if op == "serve":
             tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
             plan = m.lookup(rid, tokens)
             a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-            commit_all(m, rid, a)
+            if chunked:
+                m.commit(rid, a.end - a.start)
+            else:
+                commit_all(m, rid, a)
             return plan.reuse_tokens
         if op == "decode":
             m.allocate(rid, 1)

@@ -10,6 +10,8 @@ The manager owns the data and its structure; the policy only orders what may go.
   run_length(keys, forced)    how many of a chain of keys victim() would return in turn
   remove_run(keys)            remove each of them, each later one offered (eligible) first
   checkpoints(n_blocks, chain_blocks, full_blocks)   which block ends to keep checkpoints at
+  unkept(n)          n blocks were written that the cache does not keep (a request's partial last
+                     block): never entries, but blocks reuse is averaged over (optional)
 One policy instance serves one pool (one object kind): state routing stays with the manager.
 
 `FilteredLRUPolicy` (the benchmark's block-pool default, see its docstring) is exact LRU with a
@@ -312,6 +314,10 @@ class ValuePolicy:
     def checkpoints(self, n_blocks: int, chain_blocks: int, full_blocks: int) -> tuple:
         return marconi_checkpoints(n_blocks, chain_blocks, full_blocks)
 
+    def unkept(self, n: int = 1) -> None:
+        """n blocks were written that the cache does not keep.  Greedy-dual learns reuse per
+        class of its own entries only: nothing to count."""
+
 
 class LRUPolicy(ValuePolicy):
     """Plain recency through the same protocol (for comparison): every entry has equal value."""
@@ -333,8 +339,9 @@ class FilteredLRUPolicy(ValuePolicy):
     byte differ by depth) and of every pool in the runtime replay (bench.runtime).
 
     Order = last use (exact LRU), except that entries of a class whose learned reuse
-    probability is below `tau` x the mean over all entries (e.g. a request's partial last block:
-    about 0.2% reused against a 20-40% mean) form a front tier evicted first, LRU among
+    probability is below `tau` x the mean over all blocks written (its entries, and the partial
+    last blocks a runtime never keeps: ``unkept``; e.g. a simulator's partial-last-block entries
+    are about 0.2% reused against a 20-40% mean) form a front tier evicted first, LRU among
     themselves. The test is relative, so it adapts to capacity: where the cache is small every
     class is reused rarely and only the far-below-average ones are filtered; where it is ample
     the mean rises with them. Measured on both Mooncake traces x both layouts x 1k/10k/100k
@@ -353,6 +360,12 @@ class FilteredLRUPolicy(ValuePolicy):
 
     def mean_reuse(self) -> float:
         return (self._n_mv + 1.0) / (self._n_in + 2.0)
+
+    def unkept(self, n: int = 1) -> None:
+        """n blocks were written that the cache does not keep (a request's partial last
+        block: the runtime never caches one, the simulator files it as an entry of its own
+        class): they enter the mean over all blocks written and are never reused."""
+        self._n_in += n
 
     def access(self, key, now: float = 0.0) -> None:
         self._n_mv += 1

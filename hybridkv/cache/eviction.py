@@ -248,6 +248,14 @@ class Evictor:
             self.dead[pk][ref.block] = None
             self.pools[pk].touch(ref.block)
 
+    def unkept(self, pk, n):
+        """n blocks of pool ``pk`` were written that the cache does not keep (a freed request's
+        unsealed chain blocks: its partial last block): its policy counts them among the
+        blocks written (``unkept``, optional in the policy protocol)."""
+        count = getattr(self.policies[pk], "unkept", None)
+        if count is not None:
+            count(n)
+
     def forget(self, ref, evicted=True):
         """The block left the cache (dropped): out of the policy and every set."""
         pk, b = (ref.kind, ref.group), ref.block

@@ -449,9 +449,13 @@ class ObjectWriter:
     # -- release -----------------------------------------------------------------------------
     def release(self, req):
         """Free: every working object is rejected, every pin given back (what is published
-        becomes a cache entry), the snapshots settled (snapshots.finish)."""
+        becomes a cache entry), the snapshots settled (snapshots.finish); the policy counts
+        the unsealed chain blocks (Evictor.unkept)."""
+        unsealed = {pk: len(dq) for pk, dq in req.chain.items() if dq}
         for o in list(req.working_objects()):
             self.evictor.drop(o.ref, "reject")
+        for pk, n in unsealed.items():
+            self.evictor.unkept(pk, n)
         self.snapshots.finish(req)
         runs = {pk: (p.blocks[::-1], p.at[::-1], p.exact[::-1])   # tips first: no liveness
                 for pk, p in req.reads.runs()}                     # walks up a chain

@@ -108,6 +108,35 @@ def test_filtered_lru_sends_rarely_reused_class_first_then_recency():
     assert p.victim() == "new-mid"
 
 
+def test_unkept_blocks_lower_the_filters_mean_as_never_reused_entries_do():
+    """A partial last block the runtime never keeps counts as the simulator's never-reused
+    tail entry does: the filter's mean over blocks written is the same either way, so the same
+    classes are filtered.  Greedy-dual (no population mean) ignores it."""
+    kept, told = FilteredLRUPolicy(), FilteredLRUPolicy()
+    for i in range(40):                   # "mid" reused 1 in 4; the tails never
+        for p in (kept, told):
+            p.admit(_meta(("m", i), tag="mid"))
+            if i % 4 == 0:
+                p.access(("m", i))
+        kept.admit(_meta(("t", i), tag="tail"))
+        told.unkept()
+    assert told.mean_reuse() == kept.mean_reuse() < FilteredLRUPolicy().mean_reuse()
+    mid = ("block", "mid", 0)
+    assert told.filtered(mid) == kept.filtered(mid)
+    alone = FilteredLRUPolicy()           # the same mids without the tails: a higher mean
+    for i in range(40):
+        alone.admit(_meta(("m", i), tag="mid"))
+        if i % 4 == 0:
+            alone.access(("m", i))
+    assert alone.mean_reuse() > told.mean_reuse()
+    v = ValuePolicy()
+    v.admit(_meta("a"))
+    v.eligible("a")
+    before = (dict(v._entered), dict(v._moved), v.clock)
+    v.unkept(5)
+    assert (dict(v._entered), dict(v._moved), v.clock) == before and v.victim() == "a"
+
+
 def test_marconi_checkpoints():
     assert marconi_checkpoints(10, 3, 9) == (2, 8)   # branch after 3 cached blocks, end
     assert marconi_checkpoints(10, 0, 10) == (9,)     # nothing cached: end only

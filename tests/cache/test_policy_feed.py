@@ -48,6 +48,31 @@ def test_a_block_recomputed_past_the_hit_is_a_use_of_the_cached_one():
     m.check_invariants()
 
 
+class _Counting(FilteredLRUPolicy):
+    def __init__(self):
+        super().__init__()
+        self.unkept_calls = []
+
+    def unkept(self, n=1):
+        self.unkept_calls.append(n)
+        super().unkept(n)
+
+
+@pytest.mark.parametrize("n_tokens, unkept", [(48, []), (40, [1]), (47, [1]), (1, [1])])
+def test_a_freed_requests_partial_last_block_is_counted_as_written_and_not_kept(n_tokens,
+                                                                                unkept):
+    """The one block a free rejects unsealed (the prompt's partial last block) reaches the
+    policy as ``unkept``: FilteredLRU's mean is over every block written, as the simulator's
+    (which files a partial block as a never-reused entry).  A prompt ending on a block
+    boundary leaves none."""
+    m = CacheManager(LAY, num_blocks=16, device="meta", policy_factory=_Counting)
+    serve(m, "a", A[:n_tokens])
+    policy = _policy(m)
+    assert policy.unkept_calls == unkept
+    assert policy._n_in == len(policy.entries()) + sum(unkept)   # no entry made for it
+    m.check_invariants()
+
+
 @pytest.mark.parametrize("hint", [None, 3, b"out", "x" * 65])
 def test_bad_hint_is_named_and_registers_nothing(hint):
     m = CacheManager(LAY, num_blocks=16, device="meta")

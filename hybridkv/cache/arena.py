@@ -117,12 +117,16 @@ class Arena:
         return [p for p in self.pages_of(page) if p != NO_PAGE]
 
     # -- pages change owner only while FREE ----------------------------------------------------
+    def _need_free(self, n):
+        """n pages are on the free list (admission reserved them before any page moves)."""
+        if n > len(self.free):
+            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+
     def _take_page(self, pool_key, block):
         """The free page on top of the free list, now owned by block ``block`` of pool
         ``pool_key``.  ``spec.arena.can_take`` refuses a page that is not FREE (a free list
         naming a held page) and nothing changes."""
-        if not self.free:
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        self._need_free(1)
         page = self.free[-1]
         if not can_take(self.page_state[page]):
             raise InvariantViolation("arena_routing", ("page taken while owned", page,
@@ -140,8 +144,7 @@ class Arena:
         n = len(blocks)
         if not n:
             return []
-        if n > len(self.free):
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        self._need_free(n)
         pages = self.free[:-n - 1:-1]            # the order n pops take them in
         del self.free[-n:]
         state, owner, owner_block = self.page_state, self.owner, self.owner_block
@@ -170,8 +173,7 @@ class Arena:
     def _check_take_top(self, pool_key, n):
         """The n pages on top of the free list (the order n takes pop them in) exist and may
         be taken: ``spec.arena.can_take`` once over them (array mode)."""
-        if n > len(self.free):
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        self._need_free(n)
         tops = self.free[:-n - 1:-1]
         ok = _per_page(can_take(np.frombuffer(self.page_state, np.uint8)[tops]), n)
         if not ok.all():
@@ -220,8 +222,7 @@ class Arena:
             raise BadArgument("no such sub-page of the block", (pool_key, block, page, subs))
         self._check_give(pool_key, block, [page])        # only the block's owner grows it
         missing = sorted({s for s in subs if more[s - 1] == NO_PAGE})
-        if len(missing) > len(self.free):
-            raise InvariantViolation("arena_pages", "no free page: admission reserves them")
+        self._need_free(len(missing))
         for s in missing:
             more[s - 1] = self._take_page(pool_key, block)
         return len(missing)

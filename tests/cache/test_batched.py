@@ -18,11 +18,12 @@ from hybridkv.cache import CacheManager
 from hybridkv.cache.pool import Pool
 from hybridkv.cache.tables import GroupCtx
 from hybridkv.cache.tables import TransitionRefused
-from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout
 from spec.effects import EFFECTS
 from spec.state import KINDS
-from tests.cache.helpers import LAY, commit_all, fingerprint
+from tests.cache.helpers import LAY, fingerprint
+from tests.cache.test_evict_runs import play    # prompts: the first 96 tokens of its
+# first two prefixes
 
 PER_BLOCK = 1 << 30          # run_min no run reaches: the per-block reference path
 BOUND = 2                    # max_ver = max_ep: a counter at its bound refuses evict / relocate
@@ -111,33 +112,10 @@ def test_every_state_event_and_guard_outcome(kind):
 
 
 LAYOUTS = {"v4-mini": LAY, "full": ModelLayout.full(block_size=4)}
-PREFIXES = [[(5 * i + 1) % 200 for i in range(96)], [(3 * i + 7) % 200 for i in range(96)]]
 calls = st.lists(st.tuples(
     st.sampled_from(("serve", "serve", "decode", "free", "pin")),
     st.integers(0, 3),                                   # request id
     st.integers(0, 1), st.integers(8, 96), st.integers(0, 40)), max_size=12)
-
-
-def play(m, op, rid, prefix, n, extra):
-    """One call; returns its outcome (the error's type name, or a small value)."""
-    try:
-        if op == "serve":
-            tokens = PREFIXES[prefix][:n] + [(rid * 13 + i) % 200 for i in range(extra)]
-            plan = m.lookup(rid, tokens)
-            a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
-            commit_all(m, rid, a)
-            return plan.reuse_tokens
-        if op == "decode":
-            m.allocate(rid, 1)
-            m.commit(rid, 1, [rid + 1])
-        elif op == "pin":
-            m.lookup(rid, PREFIXES[prefix][:n])
-            m.pin(rid)
-        else:
-            m.free(rid)
-    except CacheError as e:
-        return type(e).__name__
-    return None
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

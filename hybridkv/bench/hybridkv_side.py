@@ -29,9 +29,10 @@ step is `allocate(rid, 1)` + `commit(rid, 1, [tok])` (the same token `vllm_side.
 appends); `free`. Serial and decode modes schedule requests exactly as `vllm_side.py` does.
 
 Timed call types (microseconds, `time.perf_counter_ns`):
-  lookup             the arrival check (CheckedTokens) + lookup (hashing included)
-  lookup_hash        the prompt's chain hashing alone (`extend_chain`, run again outside the
-                     timed lookup): what `lookup` spends hashing
+  lookup             the arrival check (CheckedTokens: the ids checked and packed as int64
+                     words once) + lookup (hashing included)
+  lookup_hash        the prompt's chain hashing alone (`extend_chain` over the packed words,
+                     run again outside the timed lookup): what `lookup` spends hashing
   lookup_excl_hash   the lookup call - lookup_hash of the same request, the arrival check left
                      out as vLLM's Request construction is (an estimate: compare with vLLM's
                      `get_computed_blocks` alone)
@@ -194,7 +195,8 @@ class Driver:
         ta = clock()
         plan = cache.lookup(rid, source.prefix(len(prompt)))
         t1 = clock()
-        self._extend([], self._root, prompt, cache.layout.granule)   # hashing alone, untimed
+        self._extend([], self._root, prompt, cache.layout.granule,    # hashing alone, as
+                     source.words)            # the lookup hashes it (the arrival packed it)
         t2 = clock()
         self.times_ns["lookup"].append(t1 - t0)
         self.times_ns["lookup_hash"].append(t2 - t1)

@@ -80,15 +80,20 @@ def root_key(layout, salt):
     return _h(TAG, b"|", layout.layout_id(), b"|", layout.model_version.encode(), b"|", salt)
 
 
-def extend_chain(keys, root, tokens, granule):
+def extend_chain(keys, root, tokens, granule, words=None):
     """Append chain keys for every full granule of ``tokens`` not yet in ``keys`` (only the new
-    granules are hashed: the new tokens packed once, one blake2b call per granule)."""
+    granules are hashed: the new tokens packed once, one blake2b call per granule).
+    ``words``: ``tokens`` (a prefix of them) already packed as int64 words
+    (``CheckedTokens.words``), read instead of packing them again."""
     n = len(tokens) // granule
     start = len(keys)
     if start >= n:
         return keys
     prev = keys[-1] if keys else root
-    words = array("q", tokens[start * granule:n * granule])
+    if words is None or len(words) < n * granule:
+        words = array("q", tokens[start * granule:n * granule])
+    else:
+        words = words[start * granule:n * granule]
     packed, step = memoryview(words.tobytes()), granule * words.itemsize
     blake2b = hashlib.blake2b
     for off in range(0, (n - start) * step, step):

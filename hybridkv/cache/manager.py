@@ -217,7 +217,7 @@ class CacheManager:
         root = old.root_key if old is not None and old.salt == salt else \
             root_key(self.layout, salt)             # (a waiting request asked again: its own)
         keys = extend_chain(self._known_keys(old, root, tokens, source), root, tokens,
-                            self.layout.granule)
+                            self.layout.granule, None if source is None else source.words)
         plan = run_funnel(self.layout, self.index, self.pools, self.ctx, keys, len(tokens),
                           self.disk_link)
         self.requests[request_id] = Request(request_id, salt, root, tokens, keys, plan,

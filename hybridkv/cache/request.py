@@ -193,27 +193,36 @@ def check_tokens(token_ids, vocab):
     ints only: no bool, no float, no numpy scalar), then the range read off an int64 packing
     (anything that does not fit fails it).  A failure is located by a plain scan: the error
     names the first bad token."""
+    return _check(token_ids, vocab)[0]
+
+
+def _check(token_ids, vocab):
+    """``check_tokens``' list, and the int64 packing its range check read (an ``array("q")``)
+    or None where a short list was checked in a plain loop."""
     if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple)):
         token_ids = token_ids.tolist()
     if not isinstance(token_ids, (list, tuple)):
         raise BadTokens("token_ids must be a sequence of ints", type(token_ids).__name__)
     if not token_ids:
-        return []
+        return [], None
     if len(token_ids) <= SHORT_TOKENS:          # a decode step's few ids: no numpy
         top = (1 << 63) if vocab is None else vocab
         for t in token_ids:
             if type(t) is not int or not 0 <= t < top:
                 raise _first_bad(token_ids, vocab)
-        return list(token_ids)
+        return list(token_ids), None
     if set(map(type, token_ids)) != {int}:
         raise _first_bad(token_ids, vocab)
     try:
-        packed = np.frombuffer(array("q", token_ids), dtype=np.int64)
+        words = array("q", token_ids)
     except OverflowError:
         raise _first_bad(token_ids, vocab) from None
-    if packed.min() < 0 or (vocab is not None and packed.max() >= vocab):
+    packed = np.frombuffer(words, dtype=np.int64)
+    bad = bool(packed.min() < 0 or (vocab is not None and packed.max() >= vocab))
+    del packed                                  # (no view of ``words`` outlives the check)
+    if bad:
         raise _first_bad(token_ids, vocab)
-    return list(token_ids)
+    return list(token_ids), words
 
 
 class CheckedTokens:
@@ -222,14 +231,19 @@ class CheckedTokens:
     ``prefix(n)`` to ``CacheManager.lookup``, which then checks no token twice and, looking
     the same source up again, compares none it already holds (a prefix of an append-only list
     never changes)."""
-    __slots__ = ("vocab", "_ids")
+    __slots__ = ("vocab", "_ids", "words")
 
     def __init__(self, vocab, token_ids=()):
-        self.vocab, self._ids = vocab, check_tokens(token_ids, vocab)
+        ids, words = _check(token_ids, vocab)
+        self.vocab, self._ids = vocab, ids
+        self.words = array("q", ids) if words is None else words   # the ids as int64 words:
+        # packed once on arrival, the bytes a lookup hashes (index.extend_chain)
 
     def extend(self, token_ids):
         """Append ``token_ids`` (checked; BadTokens changes nothing)."""
-        self._ids += check_tokens(token_ids, self.vocab)
+        ids, words = _check(token_ids, self.vocab)
+        self._ids += ids
+        self.words.extend(array("q", ids) if words is None else words)
 
     def __len__(self):
         return len(self._ids)

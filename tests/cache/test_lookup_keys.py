@@ -148,3 +148,37 @@ def test_the_same_prefix_asked_again_keeps_its_ids_and_never_aliases_the_source(
     m.commit("b", 4, [7, 8, 9, 10])                            # generated after the prompt
     assert m.requests["b"].token_ids == P40[:33] + [7, 8, 9, 10] and a.end == 37
     assert len(source) == 40 and source.ids(40) == P40         # the source is untouched
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.lists(st.integers(0, 255), max_size=16),      # loop
+                                   st.lists(st.integers(0, 255), min_size=17, max_size=40)),
+                          st.booleans()), min_size=1, max_size=6), st.integers(1, 8))
+def test_checked_tokens_words_are_its_ids_packed_and_hash_as_the_ids(chunks, granule):
+    """CheckedTokens packs its ids once as they arrive (short chunks in a loop, long ones
+    through the bulk check's own packing): after every extend, refused ones included, its words
+    are its ids as int64, and extend_chain over them gives the keys of the plain ids."""
+    from array import array
+
+    import pytest
+
+    from hybridkv.cache import CheckedTokens
+    from hybridkv.errors import BadTokens
+    source = CheckedTokens(256)
+    root = root_key(LAY, b"")
+    for chunk, refused in chunks:
+        before = (source.ids(len(source)), source.words.tobytes())
+        if refused:                       # one id past the vocabulary, at the chunk's end
+            with pytest.raises(BadTokens):
+                source.extend(chunk + [256])
+            assert (source.ids(len(source)), source.words.tobytes()) == before
+            continue
+        source.extend(chunk)
+        ids = source.ids(len(source))
+        assert source.words == array("q", ids)
+        for end in {0, len(ids) // 2, len(ids)}:
+            assert extend_chain([], root, ids[:end], granule, source.words) == \
+                extend_chain([], root, ids[:end], granule)
+        half = extend_chain([], root, ids[:len(ids) // 2], granule)
+        assert extend_chain(list(half), root, ids, granule, source.words) == \
+            extend_chain([], root, ids, granule)

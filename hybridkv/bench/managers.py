@@ -82,10 +82,12 @@ class PolicyManager:
                  policy_factory: Callable = FilteredLRUPolicy, ckpt_fraction: float = 0.12,
                  every_n: int = 2, borrow: bool = True,
                  periodic_free: float = 0.0, ckpt_policy_factory: Callable | None = ValuePolicy,
-                 engine_rule: bool = False):
+                 engine_rule: bool = False, partial_blocks: bool = True):
         budget = capacity_blocks * layout.block_bytes
         self.layout = layout
         self.engine_rule = engine_rule        # hits as LRUManager(engine_rule=True) counts them
+        self.partial_blocks = partial_blocks  # False: a request's partial last block is never
+        # cached, only counted as written (the block policy's ``unkept``), as the runtime does
         self.hybrid = layout.needs_checkpoint
         frac = ckpt_fraction if self.hybrid else 0.0
         self.budget = budget
@@ -192,6 +194,11 @@ class PolicyManager:
         parent = None
         for i, k in enumerate(keys):                # allocate what is missing, in chain order
             if k not in nodes:
+                if not self.partial_blocks and trace.block_tokens(req, i) < bs:
+                    unkept = getattr(self.blocks, "unkept", None)    # (optional in a policy)
+                    if unkept is not None:
+                        unkept()
+                    break
                 if not self._room("block", lay.block_bytes):
                     break
                 if parent is not None and parent not in nodes:

@@ -137,6 +137,38 @@ def test_unkept_blocks_lower_the_filters_mean_as_never_reused_entries_do():
     assert (dict(v._entered), dict(v._moved), v.clock) == before and v.victim() == "a"
 
 
+def test_the_simulator_without_partial_blocks_never_caches_one_and_counts_each_as_unkept():
+    """PolicyManager(partial_blocks=False) mirrors the runtime, whose chain keys cover whole
+    granules only: a request's partial last block is never a node nor a policy entry, and the
+    block policy counts it as written (``unkept``)."""
+    tr = synthetic_trace(120, seed=3)
+
+    class Counting(FilteredLRUPolicy):
+        unkept_calls = 0
+
+        def unkept(self, n=1):
+            Counting.unkept_calls += n
+            super().unkept(n)
+    m = PolicyManager(FULL, 60, policy_factory=Counting, engine_rule=True, partial_blocks=False)
+    partial_keys, expected = set(), 0
+    for r in tr.requests:
+        keys = tr.keys(r)
+        cached_before = set(m.nodes)
+        m.serve(tr, r)
+        last = len(keys) - 1
+        if keys and tr.block_tokens(r, last) < tr.block_size:
+            partial_keys.add(keys[last])
+            reached = all(k in m.nodes or k in cached_before for k in keys[:last])
+            expected += reached and keys[last] not in cached_before
+        assert not partial_keys & set(m.nodes)
+        assert len(m.blocks) == len(m.nodes)
+    assert expected and Counting.unkept_calls == expected
+    keep = PolicyManager(FULL, 60, engine_rule=True)        # the default caches them
+    for r in tr.requests:
+        keep.serve(tr, r)
+    assert partial_keys & set(keep.nodes)
+
+
 def test_marconi_checkpoints():
     assert marconi_checkpoints(10, 3, 9) == (2, 8)   # branch after 3 cached blocks, end
     assert marconi_checkpoints(10, 0, 10) == (9,)     # nothing cached: end only

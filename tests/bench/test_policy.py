@@ -12,6 +12,7 @@ from hybridkv.bench.replay import belady_summary, replay
 from hybridkv.bench.traces import synthetic_trace
 from hybridkv.policy import (EntryMeta, EvictionPolicy, FilteredLRUPolicy, LRUPolicy,
                              PolicyError, ValuePolicy, marconi_checkpoints)
+from tests.cache.helpers import UnkeptCounting
 
 
 def _meta(k, flops=1.0, nbytes=1, tag=""):
@@ -142,14 +143,8 @@ def test_the_simulator_without_partial_blocks_never_caches_one_and_counts_each_a
     granules only: a request's partial last block is never a node nor a policy entry, and the
     block policy counts it as written (``unkept``)."""
     tr = synthetic_trace(120, seed=3)
-
-    class Counting(FilteredLRUPolicy):
-        unkept_calls = 0
-
-        def unkept(self, n=1):
-            Counting.unkept_calls += n
-            super().unkept(n)
-    m = PolicyManager(FULL, 60, policy_factory=Counting, engine_rule=True, partial_blocks=False)
+    m = PolicyManager(FULL, 60, policy_factory=UnkeptCounting, engine_rule=True,
+                      partial_blocks=False)
     partial_keys, expected = set(), 0
     for r in tr.requests:
         keys = tr.keys(r)
@@ -162,7 +157,7 @@ def test_the_simulator_without_partial_blocks_never_caches_one_and_counts_each_a
             expected += reached and keys[last] not in cached_before
         assert not partial_keys & set(m.nodes)
         assert len(m.blocks) == len(m.nodes)
-    assert expected and Counting.unkept_calls == expected
+    assert expected and m.blocks.unkept_calls == [1] * expected
     keep = PolicyManager(FULL, 60, engine_rule=True)        # the default caches them
     for r in tr.requests:
         keep.serve(tr, r)

@@ -1,9 +1,11 @@
 """Shared by the cache tests: the V4-mini layout, a 40-token prompt, one request served start
-to finish the way an engine does it (commits split at the allocation's checkpoints), and a
-fingerprint of the whole cache state for "changed nothing" checks."""
+to finish the way an engine does it (commits split at the allocation's checkpoints), a
+fingerprint of the whole cache state for "changed nothing" checks, and a FilteredLRU policy
+recording what it is told is written and not kept (also the simulator's tests)."""
 from hybridkv.cache import CacheManager
 from hybridkv.cache.index import extend_chain, root_key
 from hybridkv.layout import ModelLayout
+from hybridkv.policy import FilteredLRUPolicy
 
 LAY = ModelLayout.v4_mini()
 P40 = [(7 * i + 3) % 250 for i in range(40)]
@@ -65,3 +67,15 @@ def fingerprint(m):
     reqs = {r: (q.phase, q.num_computed_tokens, q.num_allocated_tokens, q.num_draft_tokens,
                 tuple(q.reads), tuple(q.token_ids)) for r, q in m.requests.items()}
     return pools, index, evict, reqs, m.miv
+
+
+class UnkeptCounting(FilteredLRUPolicy):
+    """FilteredLRUPolicy recording each ``unkept(n)`` it is told (``unkept_calls``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.unkept_calls = []
+
+    def unkept(self, n=1):
+        self.unkept_calls.append(n)
+        super().unkept(n)

@@ -7,6 +7,7 @@ import hybridkv as hk
 from hybridkv.cache import CacheManager
 from hybridkv.errors import BadArgument
 from hybridkv.policy import FilteredLRUPolicy
+from tests.cache.helpers import UnkeptCounting
 
 LAY = hk.ModelLayout.full(16, vocab=256)
 A = [(5 * i + 1) % 256 for i in range(48)]
@@ -48,16 +49,6 @@ def test_a_block_recomputed_past_the_hit_is_a_use_of_the_cached_one():
     m.check_invariants()
 
 
-class _Counting(FilteredLRUPolicy):
-    def __init__(self):
-        super().__init__()
-        self.unkept_calls = []
-
-    def unkept(self, n=1):
-        self.unkept_calls.append(n)
-        super().unkept(n)
-
-
 @pytest.mark.parametrize("n_tokens, unkept", [(48, []), (40, [1]), (47, [1]), (1, [1])])
 def test_a_freed_requests_partial_last_block_is_counted_as_written_and_not_kept(n_tokens,
                                                                                 unkept):
@@ -65,7 +56,7 @@ def test_a_freed_requests_partial_last_block_is_counted_as_written_and_not_kept(
     policy as ``unkept``: FilteredLRU's mean is over every block written, as the simulator's
     (which files a partial block as a never-reused entry).  A prompt ending on a block
     boundary leaves none."""
-    m = CacheManager(LAY, num_blocks=16, device="meta", policy_factory=_Counting)
+    m = CacheManager(LAY, num_blocks=16, device="meta", policy_factory=UnkeptCounting)
     serve(m, "a", A[:n_tokens])
     policy = _policy(m)
     assert policy.unkept_calls == unkept

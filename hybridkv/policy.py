@@ -81,6 +81,14 @@ def marconi_checkpoints(n_blocks: int, chain_blocks: int, full_blocks: int) -> t
     return tuple(out)
 
 
+def count_unkept(policy, n: int = 1) -> None:
+    """Tell ``policy`` n blocks were written that the cache does not keep, where it takes
+    that (``unkept`` is optional in the protocol)."""
+    unkept = getattr(policy, "unkept", None)
+    if unkept is not None:
+        unkept(n)
+
+
 class _Entry:
     """One policy entry: its meta's fields, uses, priority and live heap record's seq."""
     __slots__ = ("key", "kind", "nbytes", "flops", "tag", "uses", "prio", "seq")

@@ -35,7 +35,7 @@ from typing import Callable, NamedTuple
 
 from hybridkv.bench.baselines import LRUPrefixCache
 from hybridkv.bench.layouts import BLOCK, LayoutCost
-from hybridkv.policy import EntryMeta, FilteredLRUPolicy, ValuePolicy
+from hybridkv.policy import EntryMeta, FilteredLRUPolicy, ValuePolicy, count_unkept
 
 
 class Served(NamedTuple):
@@ -195,9 +195,7 @@ class PolicyManager:
         for i, k in enumerate(keys):                # allocate what is missing, in chain order
             if k not in nodes:
                 if not self.partial_blocks and trace.block_tokens(req, i) < bs:
-                    unkept = getattr(self.blocks, "unkept", None)    # (optional in a policy)
-                    if unkept is not None:
-                        unkept()
+                    count_unkept(self.blocks)
                     break
                 if not self._room("block", lay.block_bytes):
                     break

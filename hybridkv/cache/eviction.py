@@ -21,7 +21,7 @@ from hybridkv.cache.arena_pool import PageCountedSet
 from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.request import CacheEvent
 from hybridkv.errors import AdmissionRefused
-from hybridkv.policy import EntryMeta
+from hybridkv.policy import EntryMeta, count_unkept
 from spec.common import PINNED, READY, STALE
 
 CACHED_STATES = (READY, STALE)
@@ -251,10 +251,8 @@ class Evictor:
     def unkept(self, pk, n):
         """n blocks of pool ``pk`` were written that the cache does not keep (a freed request's
         unsealed chain blocks: its partial last block): its policy counts them among the
-        blocks written (``unkept``, optional in the policy protocol)."""
-        count = getattr(self.policies[pk], "unkept", None)
-        if count is not None:
-            count(n)
+        blocks written (``policy.count_unkept``)."""
+        count_unkept(self.policies[pk], n)
 
     def forget(self, ref, evicted=True):
         """The block left the cache (dropped): out of the policy and every set."""

@@ -41,11 +41,16 @@ class Owned(NamedTuple):
     def write_run(cls, pool, positions):
         """``write`` of one FREE block per position, as one run (Pool.write_run): (the
         blocks, their Owned)."""
+        blocks, vers = cls.write_columns(pool, positions)
+        return blocks, list(map(partial(tuple.__new__, cls),      # cls(*fields), no __new__
+                                zip(map(pool.refs.__getitem__, blocks), positions, vers)))
+
+    @staticmethod
+    def write_columns(pool, positions):
+        """``write_run`` as columns, no Owned made: (the blocks, their versions)."""
         blocks = pool.alloc_run(len(positions))
         pool.write_run(blocks, positions)
-        return blocks, list(map(partial(tuple.__new__, cls),      # cls(*fields), no __new__
-                                zip(map(pool.refs.__getitem__, blocks), positions,
-                                    pool.recs.values(blocks, "ver"))))
+        return blocks, pool.recs.values(blocks, "ver")
 
     def live(self, pools):
         """The block still holds this incarnation (not evicted and reused since)."""
@@ -171,8 +176,8 @@ class Request:
             yield from work.pages
         yield from self.drafts
         yield from self.private
-        for dq in self.chain.values():
-            yield from dq
+        for unsealed in self.chain.values():
+            yield from unsealed
 
 
 def check_count(name, v, minimum=0):

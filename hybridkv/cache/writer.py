@@ -16,7 +16,6 @@ A hit at H (``begin``): the plan's chain blocks are read in place (their slots e
 tables: zero copy); the snapshots at H are copied into fresh working objects -- the window into
 its pages, the tails, the open compressed and indexer blocks (copy on write).
 """
-import collections
 import heapq
 from bisect import bisect_right
 from itertools import compress, count
@@ -24,6 +23,7 @@ from itertools import compress, count
 from hybridkv.cache.reads import Reads
 from hybridkv.cache.pool import ObjRef
 from hybridkv.cache.request import CacheEvent, GroupTables, GroupWork, Owned
+from hybridkv.cache.unsealed import UnsealedChain
 from hybridkv.layout import CHAIN_KINDS, ceil_div
 from spec.common import PINNED, WRITING
 from spec.state import LOOKED
@@ -86,9 +86,9 @@ class ObjectWriter:
                 event = min(event, self.subpages.next_slide(req, g.name))
                 if work.pages:
                     event = min(event, g.slide_at((work.first_page + 1) * window))
-        for dq in req.chain.values():
-            if dq:
-                event = min(event, dq[0].at)
+        for unsealed in req.chain.values():
+            if unsealed:
+                event = min(event, unsealed.first_at())
         if req.pending_points:
             event = min(event, req.pending_points[0])
         if req.unpublished:
@@ -105,7 +105,7 @@ class ObjectWriter:
         for g in self.layout.groups:
             req.tables[g.name], req.work[g.name] = GroupTables(), GroupWork()
         for pk in self.layout.chain_pools():
-            req.blocks[pk], req.chain[pk] = [], collections.deque()
+            req.blocks[pk], req.chain[pk] = [], UnsealedChain(self.pools[pk].refs)
         for pk, run in req.plan.reads.runs():
             blocks = run.chain_blocks()
             if blocks:
@@ -162,42 +162,47 @@ class ObjectWriter:
         ``_chain_block`` publishes each."""
         pk = (kind, g.name)
         pool = self.pools[pk]
-        blocks, objs = Owned.write_run(pool, ends)
+        blocks, vers = Owned.write_columns(pool, ends)
         req.tables[g.name].chain(kind).extend(map(pool.phys.__getitem__, blocks))
         req.blocks[pk] += blocks
-        req.chain[pk].extend(objs)
+        req.chain[pk].extend(blocks, ends, vers)
         n_known = bisect_right(ends, req.known_tokens)      # (ends ascend)
-        filed = self._file_run(req, pk, objs[:n_known])
-        for o in objs[n_known:]:
-            self.publish(req, o, False)
+        filed = self._file_run(req, pk, blocks[:n_known], ends[:n_known], vers)
+        for b, end, ver in zip(blocks[n_known:], ends[n_known:], vers[n_known:]):
+            self.publish(req, Owned(pool.refs[b], end, ver), False)
         pool.fire_run(filed, "publish")
 
-    def _file_run(self, req, pk, objs):
-        """``_file`` of a request's next chain blocks of one pool, in order; returns the blocks
-        to fire ``publish``.  The leading blocks whose keys nobody holds are filed at once
-        (each the next one's parent); from the first taken key on, block by block."""
+    def _file_run(self, req, pk, blocks, ends, vers):
+        """``_file`` of a request's next chain blocks ``blocks`` of one pool (ending at
+        ``ends``, written at ``vers``), in order; returns the blocks to fire ``publish``.  The
+        leading blocks whose keys nobody holds are filed at once (each the next one's parent);
+        from the first taken key on, block by block."""
         kind, gname = pk
-        keys = [req.chain_keys[o.at // self.gran - 1] for o in objs]
+        gran, chain_keys = self.gran, req.chain_keys
+        keys = [chain_keys[end // gran - 1] for end in ends]
         taken = self.index.chain[pk]
         n_free = next(compress(count(), map(taken.__contains__, keys)), len(keys))
         filed = []
         if n_free >= 2:
-            head, blocks = objs[0], [o.ref.block for o in objs[:n_free]]
-            parent = self.index.parent_for(kind, gname, req.chain_keys, head.at, False)
-            self.index.publish_run(kind, gname, blocks, keys[:n_free], parent)
-            self.evictor.entered_run(head.ref, blocks[1:])
+            head = self.pools[pk].refs[blocks[0]]
+            filed = blocks[:n_free]
+            parent = self.index.parent_for(kind, gname, chain_keys, ends[0], False)
+            self.index.publish_run(kind, gname, filed, keys[:n_free], parent)
+            self.evictor.entered_run(head, filed[1:])
             if self.events is not None:
                 pkey = None if parent is None else self.index.key_of(kind, gname,
                                                                    parent.block)[0]
-                for o, key in zip(objs, keys[:n_free]):
-                    self.events.append(CacheEvent(True, kind, gname, key, pkey, o.at, False,
+                for end, key in zip(ends, keys[:n_free]):
+                    self.events.append(CacheEvent(True, kind, gname, key, pkey, end, False,
                                                   req.request_id))
                     pkey = key
             if pk != self.index.ends_pool:    # (whose blocks record their own ends)
-                self._record_ends(req, pk, blocks, keys[:n_free], [o.at for o in objs[:n_free]])
-            filed, objs = blocks, objs[n_free:]
-        filed += [o.ref.block for o in objs if self._file(req, o, False)]
-        return filed
+                self._record_ends(req, pk, filed, keys[:n_free], ends[:n_free])
+        else:
+            n_free = 0
+        refs = self.pools[pk].refs
+        return filed + [b for b, end, ver in zip(blocks[n_free:], ends[n_free:], vers[n_free:])
+                        if self._file(req, Owned(refs[b], end, ver), False)]
 
     def _record_ends(self, req, pk, blocks, keys, ends):
         """The checkpoint records at the ends of chain blocks just published in a row (those
@@ -347,12 +352,9 @@ class ObjectWriter:
         (``Snapshots.passable``; the others are given up), slide the windows."""
         L = req.num_computed_tokens
         self.publish_ready(req)
-        for dq in req.chain.values():
-            done = []
-            while dq and dq[0].at <= L:
-                done.append(dq.popleft())
-            if done:
-                self._seal_run(req, done)
+        for pk, unsealed in req.chain.items():
+            if unsealed and unsealed.first_at() <= L:
+                self._seal_run(req, pk, *unsealed.take_upto(L))
         snaps, captured = self.snapshots, []
         while req.pending_points and req.pending_points[0] <= L:
             P = req.pending_points.pop(0)
@@ -367,21 +369,21 @@ class ObjectWriter:
             snaps.capture(req, captured)
         self.slide(req, min(L, req.num_settled_tokens))
 
-    def _seal_run(self, req, objs):
-        """Seal a pool's completed chain blocks (one run per event): fill + seal + pin."""
-        pool = self.pools[(objs[0].ref.kind, objs[0].ref.group)]
-        sealed = []
-        pubs = pool.recs.values([o.ref.block for o in objs], "pub")
-        for o, pub in zip(objs, pubs):
-            if pub:
-                sealed.append(o)
-            else:
-                req.private.append(o)              # another block holds its key
-        blocks = [o.ref.block for o in sealed]
+    def _seal_run(self, req, pk, blocks, ends, vers):
+        """Seal pool ``pk``'s completed chain blocks ``blocks`` (ending at ``ends``, written
+        at ``vers``), one run per event: fill + seal + pin."""
+        pool = self.pools[pk]
+        pubs = pool.recs.values(blocks, "pub")
+        if 0 in pubs:                              # another block holds some one's key
+            refs = pool.refs
+            req.private += [Owned(refs[b], end, ver) for b, end, ver, pub in
+                            zip(blocks, ends, vers, pubs) if not pub]
+            blocks, ends = ([col[i] for i, pub in enumerate(pubs) if pub]
+                            for col in (blocks, ends))
         pool.fire_run(blocks, "fill")
         pool.fire_run(blocks, "seal")
         pool.fire_run(blocks, "pin")               # its writer keeps reading it
-        req.reads.add(pool.kind, pool.group, blocks, [o.at for o in sealed],
+        req.reads.add(pool.kind, pool.group, blocks, ends,
                       pool.recs.values(blocks, "ver"), pool.recs.values(blocks, "ep"))
 
     def slide(self, req, L):
@@ -451,7 +453,7 @@ class ObjectWriter:
         """Free: every working object is rejected, every pin given back (what is published
         becomes a cache entry), the snapshots settled (snapshots.finish); the policy counts
         the unsealed chain blocks (Evictor.unkept)."""
-        unsealed = {pk: len(dq) for pk, dq in req.chain.items() if dq}
+        unsealed = {pk: len(chain) for pk, chain in req.chain.items() if chain}
         for o in list(req.working_objects()):
             self.evictor.drop(o.ref, "reject")
         for pk, n in unsealed.items():

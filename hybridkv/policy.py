@@ -299,7 +299,8 @@ class ValuePolicy:
         end: a stale record is skipped by ``victim`` wherever it sits).  An unknown or
         repeated key raises PolicyError before anything changes."""
         live, lazy = self._e, self._lazy
-        if len(set(keys)) != len(keys) or any(k not in live and k not in lazy for k in keys):
+        if len(set(keys)) != len(keys) or sum(map(live.__contains__, keys)) + \
+                sum(map(lazy.__contains__, keys)) != len(keys):    # (live, lazy: disjoint)
             raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
                                                   if k not in self or k in keys[:i]))
         for _ in keys[1:]:

@@ -406,9 +406,11 @@ class Evictor:
                 run.append(p)
         forced = {p for p, dead in zip(run[1:], deads) if dead} if True in deads else ()
         if len(run) > 1:                      # up to the first block another event takes
-            stale = [st == STALE for st in pool.recs.values(run, "st")]
-            if (not stale[0]) in stale:
-                run = run[:stale.index(not stale[0])]
+            sts = pool.recs.values(run, "st")
+            if sts[0] != STALE:
+                run = run[:sts.index(STALE)] if STALE in sts else run
+            else:
+                run = run[:next((i for i, st in enumerate(sts) if st != STALE), len(sts))]
             run = run[:pool.accepted(run, event)]
             if not dead_now:
                 run = run[:self.policies[pk].run_length(run, forced)]

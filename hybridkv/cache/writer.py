@@ -173,13 +173,16 @@ class ObjectWriter:
         pool.fire_run(filed, "publish")
 
     def _file_run(self, req, pk, blocks, ends, vers):
-        """``_file`` of a request's next chain blocks ``blocks`` of one pool (ending at
-        ``ends``, written at ``vers``), in order; returns the blocks to fire ``publish``.  The
-        leading blocks whose keys nobody holds are filed at once (each the next one's parent);
-        from the first taken key on, block by block."""
+        """``_file`` of a request's next chain blocks ``blocks`` of one pool (consecutive:
+        ending at ``ends``, one block size apart; written at ``vers``), in order; returns the
+        blocks to fire ``publish``.  The leading blocks whose keys nobody holds are filed at
+        once (each the next one's parent); from the first taken key on, block by block."""
         kind, gname = pk
         gran, chain_keys = self.gran, req.chain_keys
-        keys = [chain_keys[end // gran - 1] for end in ends]
+        step = (ends[1] - ends[0]) // gran if len(ends) > 1 else 1
+        keys = chain_keys[ends[0] // gran - 1:ends[-1] // gran:step] if ends else []
+        if len(keys) != len(ends):                  # (keys short of the ends: IndexError)
+            keys = [chain_keys[end // gran - 1] for end in ends]
         taken = self.index.chain[pk]
         n_free = next(compress(count(), map(taken.__contains__, keys)), len(keys))
         filed = []

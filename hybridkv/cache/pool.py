@@ -34,7 +34,8 @@ from spec.state import KINDS, MACHINES, RECS
 
 REC = dict(zip(KINDS, RECS))
 MACHINE = dict(zip(KINDS, MACHINES))
-RUN_MIN = 24      # shorter runs go block by block: numpy's fixed cost (~25-60 us a run) wins below
+RUN_MIN = 8       # shorter runs go block by block: a run costs ~21-28 us whatever its length, a
+                  # block 3-5 us by event (even at 6-8 blocks: python -m hybridkv.bench.breakeven)
 
 
 class ObjRef(NamedTuple):

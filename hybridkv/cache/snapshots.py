@@ -99,8 +99,7 @@ class Snapshots:
         """Blocks per pool the exact objects of ``points`` take."""
         need = {}
         for P in points:
-            for spec in self.layout.exact_at(P):
-                pk = (spec.kind, spec.group)
+            for pk in self.layout.exact_kinds(P):
                 need[pk] = need.get(pk, 0) + 1
         return need
 

@@ -77,10 +77,9 @@ class WindowSubPages:
         """pool key -> sub-pages beyond the slots of the window snapshots at ``points``."""
         need = {}
         for P in points:
-            for spec in self.layout.exact_at(P):
-                if spec.kind == "swa" and spec.group in self.multi:
-                    pk = ("swa", spec.group)
-                    need[pk] = need.get(pk, 0) + self.snapshot_subs(spec.group, P)
+            for pk in self.layout.exact_kinds(P):
+                if pk[0] == "swa" and pk[1] in self.multi:
+                    need[pk] = need.get(pk, 0) + self.snapshot_subs(pk[1], P)
         return need
 
     # -- takes and gives ------------------------------------------------------------------------

@@ -207,3 +207,28 @@ def test_the_spec_page_rule_lets_a_held_block_own_one_to_k_pages():
     assert block_pages_ok(FREE, 0, 3)
     assert not block_pages_ok(READY, 0, 3) and not block_pages_ok(READY, 4, 3)
     assert not block_pages_ok(FREE, 1, 3) and not block_pages_ok(FREE, 3, 3)
+
+
+@pytest.mark.parametrize("every_n", [4, 8, 12])
+@pytest.mark.parametrize("first,step", [(3, 9), (8, 16), (13, 30)])
+def test_an_allocation_takes_exactly_the_pages_admission_counted(every_n, first, step):
+    """Admission's closed-form sizes (``pages_needed``, with each retention point's snapshots:
+    ``Snapshots.count`` blocks and ``WindowSubPages.count_snapshots`` sub-pages) are what the
+    allocation then takes from the arena, page for page, at every window position: an
+    under-count would let the arena run short after admission, an over-count refuses what
+    fits."""
+    m = mk(512, every_n=every_n)
+    m.lookup("a", list(range(200)))
+    start = 0
+    for n in (first, step, step, 1, step):
+        req = m.requests["a"]
+        points = m.snapshots.points(req, start, start + n)
+        counted = sum(m.pages_needed("a", n).values()) + \
+            sum(m.snapshots.count(points).values()) + \
+            sum(m.subpages.count_snapshots(points).values())
+        free = m.arena.n_free
+        m.allocate("a", n)
+        assert free - m.arena.n_free == counted, (start, n, sorted(points))
+        m.commit("a", n)
+        start += n
+    m.check_invariants()

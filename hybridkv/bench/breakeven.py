@@ -32,16 +32,22 @@ def life_times(pool, n, reps):
     return {e: sorted(ts)[len(ts) // 2] / 1e3 for e, ts in times.items()}
 
 
+def bench_pool(kind, num_blocks):
+    """A ``num_blocks``-block pool of ``kind`` for the v4-mini layout's first group holding
+    that kind (meta device, no version or epoch limit)."""
+    layout = ModelLayout.v4_mini()
+    g = next(g for g in layout.groups if kind in g.kinds)
+    return Pool(kind, g, num_blocks, layout.pool_tensors(kind, g), layout.abi(kind, g),
+                GroupCtx(g, NO_LIMIT, NO_LIMIT), "meta")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", default="comp", choices=("comp", "idx"))
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args(argv)
-    layout = ModelLayout.v4_mini()
-    g = next(g for g in layout.groups if args.kind in g.kinds)
-    pool = Pool(args.kind, g, 4 * max(LENGTHS), layout.pool_tensors(args.kind, g),
-                layout.abi(args.kind, g), GroupCtx(g, NO_LIMIT, NO_LIMIT), "meta")
-    print(f"{args.kind} pool of group {g.name}: median us, one run / block by block (ratio)")
+    pool = bench_pool(args.kind, 4 * max(LENGTHS))
+    print(f"{args.kind} pool of group {pool.group}: median us, one run / block by block (ratio)")
     print("blocks " + " ".join(f"{e:>20s}" for e in EVENTS))
     for n in LENGTHS:
         pool.run_min = 1

@@ -179,10 +179,11 @@ def test_a_window_hit_hands_its_capture_and_restore_to_the_worker():
     assert len(kept) == 2 * len(restored) and kv.take_kv_cache_block_copies() == ([], [])
 
 
-def test_a_chunk_commits_once_and_keeps_a_window_snapshot_per_block():
-    """Dense retention (vLLM's default interval): a window snapshot every block.  The chunk's
-    commit passes them in one hybridkv commit (each captured as it passes); the copies
-    name a's window pages as they were, though the commit's slide gives them back."""
+def test_a_chunk_commits_once_and_keeps_a_window_snapshot_per_window():
+    """Dense retention (vLLM's default interval): a window snapshot every window (32
+    tokens).  The chunk's commit passes them in one hybridkv commit (each captured as it
+    passes); the copies name a's window pages as they were, though the commit's slide gives
+    them back."""
     kv = manager(256, full(), swa(32))
     a = request("a", list(range(200)))
     commits, commit = [], kv.cache.commit
@@ -191,11 +192,11 @@ def test_a_chunk_commits_once_and_keeps_a_window_snapshot_per_block():
     a.num_computed_tokens = 160
     window = set(kv.get_block_ids("a")[1]) - {0}
     assert kv.allocate_slots(a, 40) is not None            # commits the first chunk
-    # [0, 15) ran ahead (16, a point, waits for its rows), [15, 160) is one commit past 9
-    # points, then the new chunk's [160, 175) runs ahead: not one commit per block
-    assert [n for _, n, *_ in commits] == [15, 145, 15]
+    # [0, 31) ran ahead (32, a point, waits for its rows), [31, 160) is one commit past 4
+    # points, then the new chunk's [160, 191) runs ahead: not one commit per point
+    assert [n for _, n, *_ in commits] == [31, 129, 31]
     captured, _ = kv.take_kv_cache_block_copies()
-    assert len(captured) >= 8 and {c.src_block_id for c in captured} <= window
+    assert len(captured) >= 4 and {c.src_block_id for c in captured} <= window
     a.num_computed_tokens = 200
     kv.free(a)
     b = request("b", list(range(100)) + [7] * 20)
@@ -301,6 +302,23 @@ def test_positive_retention_without_a_window_group_is_refused():
         KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
     hybrid = replace(config(64, full(), swa(32)), prefix_cache_retention_interval=BS)
     KVCacheManager(hybrid, max_model_len=4096, scheduler_block_size=BS, hash_block_size=BS)
+
+
+def test_dense_retention_keeps_a_window_snapshot_every_window():
+    """vLLM's dense retention (None) keeps each window block once; hybridkv's snapshot copies
+    the window's W rows, so dense is a snapshot every W tokens (the same window bytes per
+    token), not one per block.  A prompt that leaves a cached one between two multiples of W
+    resumes at the lower one; where it leaves at the cached prompt's last block boundary (a
+    semantic point) it resumes there, to the block."""
+    kv = manager(256, full(), swa(64))
+    assert kv.kv_cache_config.prefix_cache_retention_interval is None
+    assert kv.every_n == 64
+    prefill(kv, request("a", list(range(20 * BS + 5))))
+    assert prefill(kv, request("b", list(range(9 * BS)) + [7] * 40)) == 8 * BS
+    assert prefill(kv, request("c", list(range(20 * BS)) + [9] * 9)) == 20 * BS
+    with_granule = KVCacheManager(config(256, full(), swa(BS)), max_model_len=4096,
+                                  scheduler_block_size=BS, hash_block_size=BS)
+    assert with_granule.every_n == BS                      # a one-block window: every block
 
 
 def test_kv_events_carry_the_lookahead_hashes_vllm_computes():

@@ -111,15 +111,21 @@ def group_roles(kv_cache_group):
 
 def every_n(kv_cache_config, layout, scheduler_block_size):
     """hybridkv's retention interval for vLLM's ``prefix_cache_retention_interval`` (a
-    snapshot every that many tokens): ``None`` (dense: vLLM keeps every window block) is every
-    hash granule, 0 stays 0 (the semantic points only), a positive one as given.  Refused with
+    snapshot every that many tokens): ``None`` (dense: vLLM keeps every window block) is a
+    window snapshot every W tokens (the least multiple of the hash granule and the smallest
+    window W), 0 stays 0 (the semantic points only), a positive one as given.  Dense vLLM
+    retains each window block once, W/block_size blocks per W tokens; a hybridkv snapshot
+    copies the window's W rows, so one every W tokens retains the same window bytes per token,
+    where one every granule would copy each row W/granule times.  The semantic points (branch,
+    repeat, boundary, provisional end) keep the granule's precision either way.  Refused with
     ValueError as vLLM refuses it: positive on a config with no sliding-window or Mamba group
     (it would have no effect), negative or not a multiple of the scheduler block size."""
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
     retained = any(c.__name__ in RETAINED for g in kv_cache_config.kv_cache_groups
                    for c in type(g.kv_cache_spec).__mro__)
     if interval is None:
-        return layout.granule if any(g.kind == "swa" for g in layout.groups) else 0
+        windows = [g.window for g in layout.groups if g.kind == "swa"]
+        return math.lcm(layout.granule, min(windows)) if windows else 0
     if interval and not retained:
         raise ValueError(f"prefix_cache_retention_interval ({interval}) is set but the model "
                          "has no sliding-window or Mamba KV cache group: retention has no "

@@ -13,11 +13,17 @@ positions reach them and given back once the window slid past them
 (hybridkv.cache.subpages): a sub-page the block does not hold is the null block.  ``vllm_id``
 and ``vllm_ids`` (the same rule over a list) are the only functions that turn a page into an id.
 """
+from functools import partial
+from itertools import compress, count, islice, repeat
+from operator import le
+
 from hybridkv.cache.arena import NO_PAGE
 from hybridkv.errors import BadArgument
 from hybridkv.integrations.vllm.specs import window_blocks
+from hybridkv.layout import ceil_div
 
 NULL_BLOCK_ID = 0
+HOLDS = partial(le, 0)   # a tables.swa entry the request holds (slid-past pages are -1)
 
 
 def block_pages(layout):
@@ -52,27 +58,51 @@ def sub_id(pages, sub):
     return NULL_BLOCK_ID if pages[sub] == NO_PAGE else vllm_id(pages[sub])
 
 
+def sub_ids(pages, lo, hi):
+    """``sub_id`` of each sub-page lo..hi-1 of a block's ``pages`` (one range check)."""
+    run = pages[lo:hi]
+    if run and min(run) < NO_PAGE:
+        raise BadArgument("arena page outside vLLM's id space", min(run))
+    return [NULL_BLOCK_ID if page == NO_PAGE else page + 1 for page in run]
+
+
 def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
     """vLLM ids of group ``g``'s logical blocks [start_block, end_block) of one request from
     its hybridkv ``tables``: a full group's chain slots; a window group's pages (null once the
     window slid past), the hit's positions [hit - W', hit) read in place from the hit's window
     snapshot ``window_slot`` (pinned while the request lives: the ids its lookup named).
-    ``pages_of(slot)``: the block's arena pages (``CacheManager.slot_pages``)."""
+    ``pages_of(slot)``: the block's arena pages (``CacheManager.slot_pages``).  A window page
+    holds k = W'/block_size blocks, block b being sub-page b % k of page b // k: the ids go
+    page by page, a run of pages the window slid past (slot -1) as one run of nulls."""
     if g.kind == "full":
         return vllm_ids(tables.comp[start_block:end_block])
-    out, bs, W, seen = [], g.block_size, g.window, {}
+    bs, swa = g.block_size, tables.swa
+    k = g.window // bs
     oldest = g.first_read(hit) if window_slot is not None else 0    # the hit's window start
-    for b in range(start_block, end_block):
-        p = b * bs
-        slot = tables.swa[p // W] if p // W < len(tables.swa) else -1
-        if slot >= 0 and p < hit and window_slot is not None:
-            slot = window_slot if p + bs > oldest else -1
-        if slot < 0:
-            out.append(NULL_BLOCK_ID)
+    hit_blocks = ceil_div(hit, bs) if window_slot is not None else 0   # blocks p < hit
+    out, b, hit_pages = [], start_block, None
+    while b < end_block:
+        j, s0 = divmod(b, k)
+        slot = swa[j] if j < len(swa) else -1
+        if slot < 0:                                    # to the next page the request holds
+            live = next(compress(count(j + 1), map(HOLDS, islice(swa, j + 1, None))), None)
+            upto = end_block if live is None else min(end_block, live * k)
+            out += repeat(NULL_BLOCK_ID, upto - b)
+            b = upto
             continue
-        if slot not in seen:
-            seen[slot] = pages_of(slot)
-        out.append(sub_id(seen[slot], p % W // bs))
+        n = min(end_block - b, k - s0)
+        if b < hit_blocks:                              # below the hit: its window snapshot
+            for c in range(b, b + n):
+                if c >= hit_blocks:
+                    out.append(sub_id(pages_of(slot), c % k))
+                elif (c + 1) * bs > oldest:             # reaches into the hit's window
+                    hit_pages = hit_pages or pages_of(window_slot)
+                    out.append(sub_id(hit_pages, c % k))
+                else:
+                    out.append(NULL_BLOCK_ID)
+        else:
+            out += sub_ids(pages_of(slot), s0, s0 + n)
+        b += n
     return out
 
 
@@ -84,6 +114,8 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     if g.kind == "full":
         return vllm_ids(chain_slots[:hit // bs])
     pages = pages_of(window_slot) if window_slot is not None else ()
-    oldest = g.first_read(hit)
-    return [sub_id(pages, p % g.window // bs) if p + bs > oldest and pages
-            else NULL_BLOCK_ID for p in range(0, hit - hit % bs, bs)]
+    num_blocks, k = hit // bs, g.window // bs
+    if not pages:
+        return [NULL_BLOCK_ID] * num_blocks
+    first = min(num_blocks, g.first_read(hit) // bs)    # the first block reaching the window
+    return [NULL_BLOCK_ID] * first + [sub_id(pages, c % k) for c in range(first, num_blocks)]

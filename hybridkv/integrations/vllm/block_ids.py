@@ -59,11 +59,12 @@ def sub_id(pages, sub):
 
 
 def sub_ids(pages, lo, hi):
-    """``sub_id`` of each sub-page lo..hi-1 of a block's ``pages`` (one range check)."""
+    """``sub_id`` of each sub-page lo..hi-1 of a block's ``pages`` (``vllm_ids`` at once
+    where the block holds them all)."""
     run = pages[lo:hi]
-    if run and min(run) < NO_PAGE:
-        raise BadArgument("arena page outside vLLM's id space", min(run))
-    return [NULL_BLOCK_ID if page == NO_PAGE else page + 1 for page in run]
+    if NO_PAGE not in run:
+        return vllm_ids(run)
+    return [NULL_BLOCK_ID if page == NO_PAGE else vllm_id(page) for page in run]
 
 
 def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
@@ -92,9 +93,11 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
             continue
         n = min(end_block - b, k - s0)
         if b < hit_blocks:                              # below the hit: its window snapshot
+            pages = None
             for c in range(b, b + n):
                 if c >= hit_blocks:
-                    out.append(sub_id(pages_of(slot), c % k))
+                    pages = pages or pages_of(slot)
+                    out.append(sub_id(pages, c % k))
                 elif (c + 1) * bs > oldest:             # reaches into the hit's window
                     hit_pages = hit_pages or pages_of(window_slot)
                     out.append(sub_id(hit_pages, c % k))

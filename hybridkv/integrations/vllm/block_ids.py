@@ -79,8 +79,8 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
         return vllm_ids(tables.comp[start_block:end_block])
     bs, swa = g.block_size, tables.swa
     k = g.window // bs
-    oldest = g.first_read(hit) if window_slot is not None else 0    # the hit's window start
     hit_blocks = ceil_div(hit, bs) if window_slot is not None else 0   # blocks p < hit
+    first = hit_window_block(g, hit) if window_slot is not None else 0
     out, b, hit_pages = [], start_block, None
     while b < end_block:
         j, s0 = divmod(b, k)
@@ -98,7 +98,7 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
                 if c >= hit_blocks:
                     pages = pages or pages_of(slot)
                     out.append(sub_id(pages, c % k))
-                elif (c + 1) * bs > oldest:             # reaches into the hit's window
+                elif c >= first:                        # reaches into the hit's window
                     hit_pages = hit_pages or pages_of(window_slot)
                     out.append(sub_id(hit_pages, c % k))
                 else:
@@ -107,6 +107,12 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
             out += sub_ids(pages_of(slot), s0, s0 + n)
         b += n
     return out
+
+
+def hit_window_block(g, hit):
+    """The first block of window group ``g`` that reaches into a hit's window
+    [first_read(hit), hit): the first whose positions end past ``first_read(hit)``."""
+    return g.first_read(hit) // g.block_size
 
 
 def hit_ids(g, chain_slots, window_slot, hit, pages_of):
@@ -120,5 +126,5 @@ def hit_ids(g, chain_slots, window_slot, hit, pages_of):
     num_blocks, k = hit // bs, g.window // bs
     if not pages:
         return [NULL_BLOCK_ID] * num_blocks
-    first = min(num_blocks, g.first_read(hit) // bs)    # the first block reaching the window
+    first = min(num_blocks, hit_window_block(g, hit))
     return [NULL_BLOCK_ID] * first + [sub_id(pages, c % k) for c in range(first, num_blocks)]

@@ -213,10 +213,10 @@ def _passing_run(reads, pool, cx, blocks, bs, start):
     as one run: the same predicates ``check_object`` calls, each once over the run's records
     as numpy columns (spec.dual's array mode), the ABI per distinct stored value (Pool.abi_ok)."""
     n, abi_of, kind = len(blocks), pool.abi_of, pool.kind
-    stored = list(map(abi_of.__getitem__, blocks))
-    if stored.count(pool.abi) == n:     # all under the pool's ABI (its one object, matched
-        ok = np.full(n, pool.abi_ok(can_hit_abi, pool.abi))       # by identity first)
-    else:
+    stored = None if pool.abi_uniform else list(map(abi_of.__getitem__, blocks))
+    if stored is None or stored.count(pool.abi) == n:   # all under the pool's ABI (every
+        ok = np.full(n, pool.abi_ok(can_hit_abi, pool.abi))    # block of a pool whose ABI
+    else:                                                      # never changed is)
         abi_ok = {a: pool.abi_ok(can_hit_abi, a) for a in set(stored)}
         ok = np.fromiter(map(abi_ok.__getitem__, stored), bool, n)
     _, o = pool.recs.gather(blocks)

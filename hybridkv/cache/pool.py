@@ -76,10 +76,14 @@ class Pool:
                       for name, t in self.data.items()}       # rows a slot has, bytes a row
         self._base = self._first.data_ptr()
         self._slot_bytes = self._first.stride(1) * self._first.element_size()   # slot stride
+        self.slots_aligned = bool(np.all(can_hit_bytes(           # layer 4, once per slot
+            self._base + np.arange(self._first.shape[1], dtype=np.int64) * self._slot_bytes,
+            self.block_nbytes, GPU_BLOCK_ALIGN)))
         self.refs = block_refs(kind, self.group, num_blocks)  # block -> its ObjRef
         self.phys = list(range(num_blocks))
         self.spare = num_blocks
-        self.abi, self.abi_of = abi, [abi] * num_blocks
+        self._abi, self.abi_uniform = abi, True
+        self.abi_of = [abi] * num_blocks
         self._abi_verdicts = {}   # (guard, stored ABI, pool ABI) -> its verdict (abi_ok)
         self.recs = RecordColumns(self.rec_type, num_blocks)
         self.free = list(range(num_blocks - 1, -1, -1))   # stack; stale entries skipped
@@ -118,12 +122,29 @@ class Pool:
             verdict = self._abi_verdicts[key] = bool(guard(stored, self.abi))
         return verdict
 
+    @property
+    def abi(self):
+        """The ABI the pool's kernels expect now (each block keeps the one it was written
+        under: ``abi_of``)."""
+        return self._abi
+
+    @abi.setter
+    def abi(self, abi):
+        """A new ABI (set_kernel_version): ``abi_uniform`` no longer vouches for abi_of."""
+        if abi != self._abi:
+            self.abi_uniform = False
+        self._abi = abi
+
     def bytes_ok(self, b):
         """Funnel layer 4 for one block: address and length on the GPU block alignment."""
         return can_hit_bytes(self.addr(b), self.block_nbytes, GPU_BLOCK_ALIGN)
 
     def bytes_ok_run(self, blocks):
-        """``bytes_ok`` of each of ``blocks`` as one numpy column (the same spec predicate)."""
+        """``bytes_ok`` of each of ``blocks`` as one numpy column (the same spec predicate);
+        True alone when the predicate held for every slot of the pool (``slots_aligned``,
+        found at construction: a block's address is its slot's, so each verdict is that)."""
+        if self.slots_aligned:
+            return True
         phys = np.fromiter(map(self.phys.__getitem__, blocks), np.int64, len(blocks))
         return can_hit_bytes(self._base + phys * self._slot_bytes, self.block_nbytes,
                              GPU_BLOCK_ALIGN)

@@ -132,3 +132,48 @@ def test_a_long_run_is_checked_its_head_first(monkeypatch, readable):
     n_found = len(PROMPT) // bs - 1          # (the lookup leaves the last token to compute)
     assert checked[0] == funnel.HEAD_RUN
     assert sum(checked) == (funnel.HEAD_RUN if readable < funnel.HEAD_RUN else n_found)
+
+
+def test_layer_4_verdict_per_slot_refuses_a_misaligned_pool(monkeypatch):
+    """A pool checks layer 4 (can_hit_bytes) once per slot when it is built; a run reads that
+    verdict.  On a pool whose slots are off the alignment every found block is refused at
+    layer 4 on both walks (the run's and the block-by-block one), and nothing is reused."""
+    from hybridkv.cache import pool as pool_mod
+    lay = LAYOUTS["full"]
+    tokens = PROMPT[:200]
+    for align, aligned in ((pool_mod.GPU_BLOCK_ALIGN, True), (1 << 40, False)):
+        monkeypatch.setattr(pool_mod, "GPU_BLOCK_ALIGN", align)
+        m = CacheManager(lay, num_blocks=120)
+        assert all(p.slots_aligned == aligned for p in m.pools.values())
+        a = m.allocate("w", len(tokens) - m.lookup("w", tokens).reuse_tokens)
+        commit_all(m, "w", a)
+        m.free("w")
+        batched, single = both_ways(monkeypatch, m, "r", tokens)
+        assert batched == single
+        if aligned:
+            assert batched.reuse_tokens > 0
+        else:
+            assert batched.reuse_tokens == 0 and batched.reason == "4:bytes"
+
+
+def test_a_new_abi_refuses_blocks_written_under_the_old_one(monkeypatch):
+    """The run skips the per-block ABI read only while the pool's ABI never changed
+    (``Pool.abi_uniform``); after set_kernel_version the old blocks fail layer 2 on both
+    walks, and blocks written afterwards pass again."""
+    lay = LAYOUTS["full"]
+    m = CacheManager(lay, num_blocks=200)
+    tokens = PROMPT[:200]
+    commit_all(m, "w", m.allocate("w", len(tokens) - m.lookup("w", tokens).reuse_tokens))
+    m.free("w")
+    pool = m.pools[("comp", lay.groups[0].name)]
+    assert pool.abi_uniform
+    m.set_kernel_version("comp", lay.groups[0].name, 2)
+    assert not pool.abi_uniform
+    batched, single = both_ways(monkeypatch, m, "r", tokens)
+    assert batched == single and batched.reuse_tokens == 0 and batched.reason == "2:abi"
+    m.free("r")
+    other = PROMPT[300:500]
+    commit_all(m, "x", m.allocate("x", len(other) - m.lookup("x", other).reuse_tokens))
+    m.free("x")
+    batched, single = both_ways(monkeypatch, m, "y", other)
+    assert batched == single and batched.reuse_tokens > 0

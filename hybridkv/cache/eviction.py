@@ -424,9 +424,8 @@ class Evictor:
         pool = self.pools[pk]
         pool.fire_run(run, event)
         if self.events is not None:
-            for b in run:
-                key, exact = self.index.key_of(kind, group, b)
-                self.events.append(CacheEvent(False, kind, group, key, None, None, exact, None))
+            self.events.extend(CacheEvent.removed_run(kind, group,
+                                                      *self.index.keys_of_run(kind, group, run)))
         parent = self.index.parent(self._ref(pk, run[-1]))
         leaves, dead = self.index.unpublish_run(kind, group, run)
         self.policies[pk].remove_run(run)

@@ -23,6 +23,7 @@ while the chain block ending there is published, so the chain map is its record
 import hashlib
 from array import array
 from itertools import repeat
+from operator import attrgetter
 from typing import NamedTuple
 
 
@@ -54,6 +55,9 @@ def _removed(members, x):
         return NONE if members == (x,) else members
     members.discard(x)
     return members
+
+
+ENTRY_KEY, ENTRY_EXACT = attrgetter("key"), attrgetter("exact")
 
 
 class _Entry:
@@ -149,6 +153,11 @@ class PrefixIndex:
         """(key, exact) a published block is filed under, or None."""
         e = self.entries[(kind, group)].get(b)
         return None if e is None else (e.key, e.exact)
+
+    def keys_of_run(self, kind, group, blocks):
+        """(keys, exact flags) the published ``blocks`` are filed under (each must be)."""
+        ents = list(map(self.entries[(kind, group)].__getitem__, blocks))
+        return list(map(ENTRY_KEY, ents)), list(map(ENTRY_EXACT, ents))
 
     def children(self, ref):
         e = self.entries[(ref.kind, ref.group)].get(ref.block)

@@ -195,10 +195,8 @@ class ObjectWriter:
             if self.events is not None:
                 pkey = None if parent is None else self.index.key_of(kind, gname,
                                                                    parent.block)[0]
-                for end, key in zip(ends, keys[:n_free]):
-                    self.events.append(CacheEvent(True, kind, gname, key, pkey, end, False,
-                                                  req.request_id))
-                    pkey = key
+                self.events.extend(CacheEvent.stored_chain(kind, gname, keys[:n_free], ends,
+                                                           pkey, req.request_id))
             if pk != self.index.ends_pool:    # (whose blocks record their own ends)
                 self._record_ends(req, pk, filed, keys[:n_free], ends[:n_free])
         else:

@@ -496,3 +496,69 @@ def test_decode_fast_paths_reach_what_the_full_path_reaches(specs):
         assert fast_commits == full_commits
     else:
         assert len(fast_commits) * 4 < len(full_commits)
+
+
+def _reference_feed(feed, cache_events, request, hashes, keys):
+    """The feed's rule, one event at a time (the oracle): a removal pops the key's hash from
+    both tables; a filing at ``at`` takes the request's hash of the block ending at
+    ``at // hash_block_size`` (none: not reported), and emitted filings of one group whose
+    ends are one block apart join one entry."""
+    out, hbs = [], feed.hash_block_size
+    for e in cache_events:
+        i = int(e.group[1:])
+        if not e.stored:
+            h = hashes.pop((e.group, e.key), None)
+            if h is not None:
+                keys.pop((i, h), None)
+                out.append(("removed", i, maybe_convert_block_hash(h)))
+            continue
+        j = e.at // hbs - 1
+        if not 0 <= j < len(request.block_hashes):
+            continue
+        h = request.block_hashes[j]
+        hashes[(e.group, e.key)] = h
+        keys[(i, h)] = (e.group, e.key, e.exact, e.at)
+        bs = feed.config.kv_cache_groups[i].kv_cache_spec.block_size
+        if out and out[-1][0] == "stored" and out[-1][1] == i and out[-1][2][-1] == e.at - bs:
+            out[-1][2].append(e.at)
+        else:
+            out.append(("stored", i, [e.at]))
+    return out
+
+
+def test_the_event_feed_goes_run_by_run_as_event_by_event():
+    """VllmEvents translates a batch run by run (C-speed table updates); on random batches
+    (both groups, filings and removals interleaved, keys filed twice, ends past the request's
+    hashes and off the block grid) its tables and its emitted events are the oracle's."""
+    import random
+    from types import SimpleNamespace
+    from vllm.distributed.kv_events import BlockRemoved
+    from hybridkv.cache.request import CacheEvent
+    from hybridkv.integrations.vllm.events import VllmEvents
+    cfg = config(64, full(), swa(32))
+    for seed in range(40):
+        rnd = random.Random(seed)
+        hbs = rnd.choice([4, 16])
+        req = SimpleNamespace(block_hashes=[f"h{seed}-{j}".encode() for j in
+                                            range(rnd.randrange(0, 30))])
+        feed = VllmEvents(cfg, hbs, 0, emit=True)
+        feed.stored = lambda request, i, ends: ("stored", i, ends)
+        hashes, keys = {}, {}
+        for _ in range(6):
+            batch = []
+            for _ in range(rnd.randrange(0, 40)):
+                group, key = rnd.choice(["g0", "g1"]), rnd.randrange(12)
+                if rnd.random() < 0.4:
+                    batch.append(CacheEvent(False, "comp", group, key, None, None, False, None))
+                else:
+                    at = rnd.randrange(0, 40) * rnd.choice([hbs, 16, 1])
+                    batch.append(CacheEvent(True, "comp", group, key, None, at,
+                                            rnd.random() < 0.3, "r"))
+            got = feed(batch, req)
+            got = [("removed", e.group_idx, e.block_hashes[0]) if isinstance(e, BlockRemoved)
+                   else e for e in got]
+            assert got == _reference_feed(feed, batch, req, hashes, keys), seed
+            assert {(g, k): h for g, t in feed.hashes.items() for k, h in t.items()} == hashes
+            assert {(i, h): v for i, t in feed.keys.items() for h, v in t.items()} == keys
+            for (i, h), v in keys.items():
+                assert feed.cached(h, i) == v

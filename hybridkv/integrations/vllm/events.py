@@ -18,12 +18,22 @@ LoRA and session fill vLLM's ``BlockStored`` without the adapter keeping any req
 A hybridkv chain block is one vLLM block (full attention); a window snapshot at ``at`` is
 reported as the window group's block ending at ``at`` (the state through it is cached).
 """
+from collections import deque
+from itertools import groupby, repeat
+from operator import attrgetter
+
 from vllm.distributed.kv_events import MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
                                          generate_lookahead_block_hash_extra_keys,
                                          maybe_convert_block_hash, to_event_extra_keys)
 from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                         get_kv_cache_spec_sliding_window)
+
+
+STORED_GROUP, KEY = attrgetter("stored", "group"), attrgetter("key")
+AT, EXACT = attrgetter("at"), attrgetter("exact")
+FEED_RUN_MIN = 8     # a shorter batch goes event by event (each a run of one)
+NO_KEYS = {}         # a group with no table yet: nothing to find or pop (only read or popped)
 
 
 def group_index(name):
@@ -47,7 +57,8 @@ class VllmEvents:
     def __init__(self, kv_cache_config, hash_block_size, lookahead, emit):
         self.config, self.hash_block_size = kv_cache_config, hash_block_size
         self.lookahead, self.emit = lookahead, emit
-        self.hashes, self.keys = {}, {}
+        self.hashes = {}        # group -> {hybridkv key: vLLM hash}
+        self.keys = {}          # group index -> {vLLM hash: (group, key, exact, at)}
 
     def clear(self):
         self.hashes.clear()
@@ -66,36 +77,85 @@ class VllmEvents:
     def cached(self, block_hash, group_idx):
         """(group, key, exact, at) of the block cached under vLLM hash ``block_hash`` in group
         ``group_idx``, or None."""
-        return self.keys.get((group_idx, block_hash))
+        return self.keys.get(group_idx, NO_KEYS).get(block_hash)
 
     def __call__(self, cache_events, request):
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
-        of one group's consecutive blocks is one BlockStored, as vLLM emits them."""
-        out, emit = [], self.emit          # BlockRemoved, or [group index, block ends]
-        for e in cache_events:
-            i = group_index(e.group)
-            if not e.stored:
-                h = self.hashes.pop((e.group, e.key), None)
-                if h is not None:
-                    self.keys.pop((i, h), None)
-                    if emit:
-                        out.append(BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
-                                                medium=MEDIUM_GPU, group_idx=i))
-                continue
-            h = self.vllm_hash(request, e.at)
-            if h is None:
-                continue
-            self.hashes[(e.group, e.key)] = h
-            self.keys[(i, h)] = (e.group, e.key, e.exact, e.at)
-            if not emit:                   # the tables alone
-                continue
-            bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size
-            if out and isinstance(out[-1], list) and out[-1][0] == i and \
-                    out[-1][1][-1] == e.at - bs:
-                out[-1][1].append(e.at)
-            else:
-                out.append([i, [e.at]])
+        of one group's consecutive blocks is one BlockStored, as vLLM emits them.  The
+        events go run by run (consecutive ones of one group, all stored or all removed)."""
+        out = []                           # BlockRemoved, or [group index, block ends]
+        if len(cache_events) < FEED_RUN_MIN:    # a decode's one or two: no run's setup
+            for e in cache_events:
+                self._one(e, request, out)
+        else:
+            for (stored, group), run in groupby(cache_events, STORED_GROUP):
+                (self._stored if stored else self._removed)(group, list(run), request, out)
         return [self.stored(request, *e) if isinstance(e, list) else e for e in out]
+
+    def _one(self, e, request, out):
+        """One event (``_removed`` / ``_stored`` of a run of one, without a run's setup)."""
+        i = group_index(e.group)
+        if not e.stored:
+            h = self.hashes.get(e.group, NO_KEYS).pop(e.key, None)
+            if h is not None:
+                self.keys[i].pop(h, None)
+                if self.emit:
+                    out.append(BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
+                                            medium=MEDIUM_GPU, group_idx=i))
+            return
+        h = self.vllm_hash(request, e.at)
+        if h is None:
+            return
+        hashes = self.hashes.get(e.group)
+        if hashes is None:
+            hashes, self.keys[i] = self.hashes.setdefault(e.group, {}), {}
+        hashes[e.key] = h
+        self.keys[i][h] = (e.group, e.key, e.exact, e.at)
+        if self.emit:
+            self._join(out, i, (e.at,))
+
+    def _join(self, out, i, ends):
+        """Emitted filings of group i ending at ``ends``: each joins the BlockStored before it
+        when that one is of the same group and ends one block earlier."""
+        bs = self.config.kv_cache_groups[i].kv_cache_spec.block_size
+        for at in ends:
+            if out and isinstance(out[-1], list) and out[-1][0] == i and \
+                    out[-1][1][-1] == at - bs:
+                out[-1][1].append(at)
+            else:
+                out.append([i, [at]])
+
+    def _removed(self, group, run, request, out):
+        """A run of one group's removals: each key's hash leaves both tables (C-speed maps)."""
+        i = group_index(group)
+        hs = list(map(self.hashes.get(group, NO_KEYS).pop, map(KEY, run), repeat(None)))
+        if None in hs:
+            hs = [h for h in hs if h is not None]
+        deque(map(self.keys.get(i, NO_KEYS).pop, hs, repeat(None)), maxlen=0)
+        if self.emit:
+            out += [BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
+                                 medium=MEDIUM_GPU, group_idx=i) for h in hs]
+
+    def _stored(self, group, run, request, out):
+        """A run of one group's filings: each under the request's hash at its end (none yet:
+        not reported); emitted, consecutive block ends join one BlockStored."""
+        i = group_index(group)
+        hashes = self.hashes.get(group)
+        if hashes is None:
+            hashes, self.keys[i] = self.hashes.setdefault(group, {}), {}
+        keys, vllm_hashes, hbs = self.keys[i], request.block_hashes, self.hash_block_size
+        named = list(map(AT, run))
+        if hbs <= min(named) and max(named) // hbs <= len(vllm_hashes):     # every one named
+            hs = [vllm_hashes[at // hbs - 1] for at in named]
+        else:
+            kept = [k for k, at in enumerate(named) if 1 <= at // hbs <= len(vllm_hashes)]
+            run, named = [run[k] for k in kept], [named[k] for k in kept]
+            hs = [vllm_hashes[at // hbs - 1] for at in named]
+        event_keys = list(map(KEY, run))
+        hashes.update(zip(event_keys, hs))
+        keys.update(zip(hs, zip(repeat(group), event_keys, map(EXACT, run), named)))
+        if self.emit:                      # (else the tables alone)
+            self._join(out, i, named)
 
     def extra_keys(self, request, start, end):
         if self.lookahead:

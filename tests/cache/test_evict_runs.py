@@ -231,3 +231,14 @@ def test_a_dead_victims_run_goes_on_only_through_ancestors_left_dead():
     m.evictor.dead[pk].clear()
     m.evictor.mark_dead([m.pools[pk].refs[ents[tip].parent.block]])
     assert m.evictor._run(pk, tip, 10) == ([tip], None)     # another block waits first
+
+
+@given(blocks=st.lists(st.integers(0, 30), unique=True, max_size=12),
+       admitted=st.sets(st.integers(0, 30)))
+def test_fresh_prefix_is_the_split_of_a_chain_into_new_and_admitted_blocks(blocks, admitted):
+    """``Evictor._fresh_prefix``: k where blocks[:k] are all new and blocks[k:] all admitted
+    (the oracle tries every k), None when no k splits them so."""
+    from hybridkv.cache.eviction import Evictor
+    splits = [k for k in range(len(blocks) + 1)
+              if admitted.isdisjoint(blocks[:k]) and admitted.issuperset(blocks[k:])]
+    assert Evictor._fresh_prefix(admitted, blocks) == (min(splits) if splits else None)

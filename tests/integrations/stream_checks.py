@@ -96,3 +96,15 @@ def test_v4_specs_cover_every_layer_kind():
     assert suffixes == ["", "", ".compressor.state_cache", ".compressor.state_cache",
                         ".indexer.compressor.state_cache", ".indexer.k_cache",
                         ".swa_cache", ".swa_cache", ".swa_cache"]
+
+
+@pytest.mark.parametrize("side", ["stock", "ours"])
+def test_a_prompt_past_max_model_len_is_refused_on_arrival(side):
+    """A prompt of max_model_len tokens or more never reaches the Scheduler (vLLM's input
+    processor refuses it): the stream goes on without stalling and reports it refused."""
+    requests = turns(3, 900, 300)
+    too_long = StreamRequest("long", 1500.0, list(range(MAX_LEN)), 3)
+    scheduler, hasher = build_scheduler(side, "full", 4000, MAX_LEN, 8, 2048)
+    result = StreamRun(scheduler, hasher, [*requests, too_long]).run()
+    assert result.refused == ["long"] and result.finished == len(requests)
+    assert {a.request_id for a in result.admissions} == {r.request_id for r in requests}

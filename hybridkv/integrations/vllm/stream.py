@@ -1,17 +1,18 @@
 """The Mooncake stream through vLLM's real Scheduler, stock vs hybridkv, per model shape.
 
-    scripts/vllm_stream [--shapes full,full+swa,v4] [--requests 300] [--json]
+    scripts/vllm_stream [--shapes full,full+swa,v4] [--requests 300] [--trace NAME] [--json]
 
-For each shape (stream_setup.SHAPES) the first N requests of the shipped Mooncake conversation
-trace run through vLLM 0.33.0's Scheduler (stream_run.StreamRun: schedule() +
-update_from_output() with synthetic model outputs), once with vLLM's KVCacheManager ("stock")
-and once with hybridkv's ("ours", hybridkv.integrations.vllm.Scheduler), at the same
-``num_blocks``.  Per side: prefix-hit tokens the Scheduler adopted (at first admissions, and
-at re-admissions after a preemption), preemptions, steps, and the step time (schedule +
-update_from_output) p50 / p99; the ratio ours / stock comes from this one run.  Then every
-request whose first-admission hit differs, with the group(s) that stopped the shorter side
-(stream_audit), and every stock admission whose resume point hybridkv's checkpoint rule finds
-incomplete in the blocks vLLM handed over.  Imports vLLM: run it in the vLLM venv.
+For each shape (stream_setup.SHAPES) the first N requests of a Mooncake trace (``--trace``:
+mooncake-conversation, the default, mooncake-synthetic, or a path) run through vLLM 0.33.0's
+Scheduler (stream_run.StreamRun: schedule() + update_from_output() with synthetic model
+outputs), once with vLLM's KVCacheManager ("stock") and once with hybridkv's ("ours",
+hybridkv.integrations.vllm.Scheduler), at the same ``num_blocks``. Per side: prefix-hit tokens
+the Scheduler adopted (at first admissions, and at re-admissions after a preemption),
+preemptions, steps, and the step time (schedule + update_from_output) p50 / p99; the ratio ours
+/ stock comes from this one run. Then every request whose first-admission hit differs, with the
+group(s) that stopped the shorter side (stream_audit), and every stock admission whose resume
+point hybridkv's checkpoint rule finds incomplete in the blocks vLLM handed over. Imports vLLM:
+run it in the vLLM venv.
 """
 import argparse
 import gc
@@ -68,7 +69,8 @@ def side_summary(result):
             "resumed_hit_tokens": sum(a.hit_tokens for a in again),
             "admissions": len(result.admissions), "preemptions": result.preemptions,
             "evictions": result.evictions,
-            "finished": result.finished, "steps": result.steps,
+            "finished": result.finished, "refused": len(result.refused),
+            "steps": result.steps,
             "step_p50_us": steps["p50"], "step_p99_us": steps["p99"],
             "wall_s": round(result.wall_s, 2)}
 
@@ -152,7 +154,8 @@ def table(report):
         q = r["ratio_ours_stock"]
         lines.append(f"{shape:<9} ours/stock: hit tokens {q['hit_tokens']}, step p50 "
                      f"{q['step_p50_us']}, p99 {q['step_p99_us']} (num_blocks "
-                     f"{r['num_blocks']}); requests whose first hit differs: "
+                     f"{r['num_blocks']}, prompts refused as longer than max_model_len: "
+                     f"{r['stock']['refused']}); requests whose first hit differs: "
                      f"{len(r['differences'])}; stock admissions hybridkv's rule finds "
                      f"incomplete: {len(r['stock_incomplete'])}")
     return "\n".join(lines)
@@ -172,6 +175,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="vllm_stream", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--trace", default="mooncake-conversation",
+                   help="a shipped Mooncake trace's name (mooncake-conversation, "
+                        "mooncake-synthetic) or a path")
     p.add_argument("--num-blocks", type=parse_blocks, default=parse_blocks(""),
                    help="SHAPE=N,... (defaults: %s)" % DEFAULT_NUM_BLOCKS)
     p.add_argument("--ms-per-step", type=float, default=50.0)
@@ -182,8 +188,8 @@ def main(argv=None):
     bad = [s for s in shapes if s not in SHAPES]
     if bad:
         p.error(f"unknown shapes {bad}: choose from {SHAPES}")
-    requests = mooncake_requests(args.requests)
-    report = {"requests": len(requests), "trace": "mooncake-conversation",
+    requests = mooncake_requests(args.requests, args.trace)
+    report = {"requests": len(requests), "trace": args.trace,
               "ms_per_step": args.ms_per_step, "max_num_seqs": args.max_num_seqs,
               "shapes": {s: run_shape(s, requests, args.num_blocks[s], args.ms_per_step,
                                       args.max_num_seqs) for s in shapes}}

@@ -1,16 +1,17 @@
 """One request stream through vLLM's real Scheduler: ``schedule()`` then
 ``update_from_output()`` with a synthetic model output, step after step.
 
-The model output samples one token for every scheduled request whose computed tokens reach
-its known tokens (a finished prefill or a decode step; a partial prefill chunk samples
-nothing, as vLLM's model runner discards it); requests stop at their trace output length
-(``max_tokens``, EOS ignored).  Requests arrive by their trace timestamps on a simulated clock
-that advances ``ms_per_step`` per step (and jumps to the next arrival when nothing is left
-to run).  ``StreamRun`` records per step its time (schedule + update_from_output, ns) and per
-admission (an allocation that takes a waiting or preempted request in) the hit the Scheduler
-adopted; ``explain(request, hit, new_computed_blocks)``, when given, runs at each admission
-before the allocation (the cache as the lookup saw it) and its answer is kept with the
-admission; its time is taken out of the step's.
+The model output samples one token for every scheduled request whose computed tokens reach its
+known tokens (a finished prefill or a decode step; a partial prefill chunk samples nothing, as
+vLLM's model runner discards it); requests stop at their trace output length (``max_tokens``,
+EOS ignored). Requests arrive by their trace timestamps on a simulated clock that advances
+``ms_per_step`` per step (and jumps to the next arrival when nothing is left to run); a prompt
+of ``max_model_len`` tokens or more is refused on arrival, as vLLM's input processor refuses it
+(``refused``). ``StreamRun`` records per step its time (schedule + update_from_output, ns) and
+per admission (an allocation that takes a waiting or preempted request in) the hit the
+Scheduler adopted; ``explain(request, hit, new_computed_blocks)``, when given, runs at each
+admission before the allocation (the cache as the lookup saw it) and its answer is kept with
+the admission; its time is taken out of the step's.
 """
 import time
 import zlib
@@ -56,6 +57,7 @@ class StreamResult:
     evictions: int = 0      # cached blocks the manager dropped to make room
     finished: int = 0
     steps: int = 0
+    refused: list = field(default_factory=list)    # arrivals vLLM's input checks refuse
     wall_s: float = 0.0
 
 
@@ -113,6 +115,9 @@ class StreamRun:
         pool._maybe_evict_cached_block = counted
 
     def _add(self, spec):
+        if len(spec.prompt) >= self.scheduler.max_model_len:
+            self.result.refused.append(spec.request_id)     # as vLLM's input processor: no
+            return                                          # room for one output token
         params = SamplingParams(max_tokens=max(1, spec.output_tokens), ignore_eos=True)
         request = Request(spec.request_id, list(spec.prompt), params, None,
                           arrival_time=spec.arrival_ms / 1000, block_hasher=self.block_hasher)

@@ -112,6 +112,140 @@ def _lazy_entry(key, compact) -> _Entry:
     return e
 
 
+def _batches_chains(cls) -> bool:
+    """``cls._chain_prios`` is the rule of ``cls._enter`` (one class defines both)."""
+    owner = _CHAIN_RULE_OWNERS.get(cls)
+    if owner is None:
+        owner = _CHAIN_RULE_OWNERS[cls] = tuple(
+            next(c for c in cls.__mro__ if name in c.__dict__)
+            for name in ("_enter", "_chain_prios"))
+    return owner[0] is owner[1]
+
+
+_CHAIN_RULE_OWNERS: dict = {}
+
+
+class _Compact:
+    """The entries ``admit_chain`` keeps compact until touched: key -> (prio, flops, (kind,
+    nbytes, tag)), no ``_Entry`` made.  Keys that are ints in [0, capacity) (a runtime pool's
+    block ids: ``ValuePolicy.reserve``) live in numpy columns, a chain written and an eviction
+    run read at a time; any other key in a dict."""
+
+    def __init__(self, capacity: int = 0):
+        self.cap, self.d, self.n = capacity, {}, 0
+        self.present = np.zeros(capacity, dtype=bool)
+        self.prio = np.zeros(capacity, dtype=np.float64)
+        self.flops = np.zeros(capacity, dtype=np.float64)
+        self.meta = np.zeros(capacity, dtype=np.int64)     # index into ``metas``
+        self.metas, self._meta_id = [], {}
+
+    def _col(self, key) -> bool:
+        return type(key) is int and 0 <= key < self.cap
+
+    def _cols(self, keys):
+        """``keys`` as an index array when every one is a column key, else None."""
+        if not self.cap or not keys or list(map(type, keys)).count(int) != len(keys):
+            return None
+        idx = np.asarray(keys, dtype=np.int64)
+        return idx if idx.min() >= 0 and idx.max() < self.cap else None
+
+    def __len__(self) -> int:
+        return len(self.d) + self.n
+
+    def __contains__(self, key) -> bool:
+        return bool(self.present[key]) if self._col(key) else key in self.d
+
+    def prio_of(self, key) -> float:
+        """The compact entry's priority (KeyError when there is none)."""
+        if self._col(key):
+            if not self.present[key]:
+                raise KeyError(key)
+            return float(self.prio[key])
+        return self.d[key][0]
+
+    def pop(self, key):
+        """(prio, flops, meta) of the compact entry, taken out; None when there is none."""
+        if not self._col(key):
+            return self.d.pop(key, None)
+        if not self.present[key]:
+            return None
+        self.present[key] = False
+        self.n -= 1
+        return float(self.prio[key]), float(self.flops[key]), self.metas[self.meta[key]]
+
+    def items(self):
+        rows = list(self.d.items())
+        keys = np.flatnonzero(self.present).tolist()
+        return rows + list(zip(keys, zip(self.prio[keys].tolist(), self.flops[keys].tolist(),
+                                         map(self.metas.__getitem__, self.meta[keys]))))
+
+    def isdisjoint(self, keys) -> bool:
+        idx = self._cols(keys)
+        if idx is not None:
+            return not self.present[idx].any()
+        return all(k not in self for k in keys)
+
+    def count_in(self, keys) -> int:
+        """How many of ``keys`` (distinct) have a compact entry."""
+        idx = self._cols(keys)
+        if idx is not None:
+            return int(self.present[idx].sum())
+        return sum(map(self.__contains__, keys))
+
+    def add_run(self, keys, prio, flops, meta) -> None:
+        """New compact entries (``keys`` distinct, none here yet), ``prio`` and ``flops`` one
+        value per key."""
+        idx = self._cols(keys)
+        if idx is None:                         # each key where ``_col`` puts it
+            prio = prio.tolist() if isinstance(prio, np.ndarray) else prio
+            homes = list(map(self._col, keys))
+            if True in homes:
+                cols = [i for i, col in enumerate(homes) if col]
+                rest = [i for i, col in enumerate(homes) if not col]
+                self.add_run(*([c[i] for i in cols] for c in (keys, prio, flops)), meta)
+                keys, prio, flops = ([c[i] for i in rest] for c in (keys, prio, flops))
+            self.d.update(zip(keys, zip(prio, flops, repeat(meta))))
+            return
+        m = self._meta_id.get(meta)
+        if m is None:
+            m = self._meta_id[meta] = len(self.metas)
+            self.metas.append(meta)
+        self.present[idx] = True
+        self.prio[idx] = prio
+        self.flops[idx] = flops
+        self.meta[idx] = m
+        self.n += len(keys)
+
+    def prios(self, keys, live: dict):
+        """The priority of each of ``keys`` in turn (a live ``_Entry``'s, else the compact
+        one's; KeyError on reaching a key that has neither)."""
+        idx = self._cols(keys)
+        if idx is None:
+            for k, e in zip(keys, map(live.get, keys)):
+                yield e.prio if e is not None else self.prio_of(k)
+            return
+        here = self.present[idx].tolist()
+        for k, e, prio, ok in zip(keys, map(live.get, keys), self.prio[idx].tolist(), here):
+            if e is not None:
+                yield e.prio
+            elif ok:
+                yield prio
+            else:
+                raise KeyError(k)
+
+    def pop_run(self, keys) -> float:
+        """Take out the compact entries of ``keys`` (each has one); the largest priority
+        among them (-inf for none)."""
+        if not keys:
+            return float("-inf")
+        idx = self._cols(keys)
+        if idx is None:
+            return max(self.pop(k)[0] for k in keys)
+        self.present[idx] = False
+        self.n -= len(keys)
+        return float(self.prio[idx].max())
+
+
 class ValuePolicy:
     """Greedy-dual on learned expected FLOPs saved per byte; see the module docstring."""
 
@@ -124,12 +258,19 @@ class ValuePolicy:
         self._now = 0.0
         self.clock = 0.0
         self._e: dict = {}
-        self._lazy: dict = {}     # key -> (prio, flops, (kind, nbytes, tag)): admitted by
+        self._lazy = _Compact()   # key -> (prio, flops, (kind, nbytes, tag)): admitted by
         # admit_chain, untouched since (uses 0, not eligible); moved to _e when touched
         self._heap: list = []
         self._seq = itertools.count()
         self._entered: dict = {}
         self._moved: dict = {}
+
+    def reserve(self, capacity: int) -> None:
+        """Keys will be ints in [0, capacity) (a pool's block ids): compact entries go to
+        columns (``_Compact``).  Only before the first entry."""
+        if len(self):
+            raise PolicyError("reserve needs an empty policy", len(self))
+        self._lazy = _Compact(capacity)
 
     def __len__(self) -> int:
         return len(self._e) + len(self._lazy)
@@ -161,7 +302,7 @@ class ValuePolicy:
     def _get(self, key) -> _Entry:
         e = self._e.get(key)
         if e is None:
-            v = self._lazy.pop(key, None)
+            v = self._lazy.pop(key)
             if v is None:
                 raise PolicyError("unknown key", key)
             e = self._e[key] = _lazy_entry(key, v)
@@ -169,7 +310,7 @@ class ValuePolicy:
 
     def _prio(self, key) -> float:
         e = self._e.get(key)
-        return self._lazy[key][0] if e is None else e.prio
+        return self._lazy.prio_of(key) if e is None else e.prio
 
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
@@ -189,37 +330,47 @@ class ValuePolicy:
     def admit_chain(self, keys, kind, nbytes, flops, tag, now: float = 0.0) -> None:
         """``admit(EntryMeta(key, kind, nbytes, f, tag), now)`` of each key and its FLOPs
         ``f`` in order (new entries, none eligible yet; a chain's blocks share kind, size and
-        tag): the same entries, priorities and class counts, with no call per entry and no
-        ``EntryMeta``: the priorities computed as one array, each entry kept compact (a
-        tuple, ``_lazy``) until it is touched.  Subclasses whose ``_enter`` differs admit one
-        by one.  A duplicate key raises PolicyError before anything changes."""
-        if type(self)._enter is not ValuePolicy._enter:
+        tag): the same entries, priorities, class counts and sequence numbers, with no call per
+        entry and no ``EntryMeta``: the priorities computed at once (``_chain_prios``), each
+        entry kept compact (``_lazy``) until it is touched.  A subclass whose ``_enter`` has
+        no ``_chain_prios`` beside it admits one by one.  A duplicate key raises PolicyError
+        before anything changes."""
+        if not _batches_chains(type(self)):
             for key, f in zip(keys, flops):
                 self.admit(EntryMeta(key, kind, nbytes, f, tag), now)
             return
         if not keys:
             return
-        entered, n = self._entered, len(keys)
-        if len(set(keys)) != n or not (self._e.keys().isdisjoint(keys)
-                                       and self._lazy.keys().isdisjoint(keys)):
+        if len(set(keys)) != len(keys) or not (self._e.keys().isdisjoint(keys)
+                                               and self._lazy.isdisjoint(keys)):
             raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
                                                     if k in self or k in keys[:i]))
         self._now = now
-        cls = (kind, tag, 0)
+        prio = self._chain_prios(kind, nbytes, flops, tag, now)
+        self._lazy.add_run(keys, prio, flops, (kind, nbytes, tag))
+
+    def _chain_prios(self, kind, nbytes, flops, tag, now):
+        """The priorities ``_enter`` gives new entries of one class one after another (the
+        class counts moved as those calls move them): greedy-dual's."""
+        entered, n, cls = self._entered, len(flops), (kind, tag, 0)
         n0, m1 = entered.get(cls, 0), self._moved.get(cls, 0) + 1.0
         size, weight, base, later = max(nbytes, 1), self.flops_weight, self.clock, \
             self.recency * now
-        if n < ARRAY_MIN:                                 # numpy's fixed cost outweighs it
-            prio = [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
-                    (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
-        else:
-            per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size
-            weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(weight)),
-                                   np.float64, n)         # Python's pow: the same last bit
-            p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
-            prio = ((base + p * weighted) + later).tolist()
-        self._lazy.update(zip(keys, zip(prio, flops, repeat((kind, nbytes, tag)))))
         entered[cls] = n0 + n
+        if n < ARRAY_MIN:                                 # numpy's fixed cost outweighs it
+            return [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
+                    (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
+        per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size
+        weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(weight)),
+                               np.float64, n)             # Python's pow: the same last bit
+        p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
+        return (base + p * weighted) + later
+
+    def _next_seqs(self, n):
+        """n sequence numbers, as n ``next(self._seq)`` calls take them, as floats."""
+        start = next(self._seq)
+        self._seq = itertools.count(start + n)
+        return np.arange(start, start + n, dtype=np.float64)
 
     def access(self, key, now: float = 0.0) -> None:
         e = self._get(key)
@@ -256,7 +407,7 @@ class ValuePolicy:
     def remove(self, key, evicted: bool = True) -> None:
         e = self._e.pop(key, None)
         if e is None:
-            v = self._lazy.pop(key, None)
+            v = self._lazy.pop(key)
             if v is None:
                 raise PolicyError("unknown key", key)
             prio = v[0]
@@ -282,12 +433,10 @@ class ValuePolicy:
         rival = self.victim()
         heapq.heappush(heap, top)
         bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
-        n, live, lazy = 1, self._e, self._lazy
-        for key in keys[1:]:
-            if key not in forced:
-                e = live.get(key)                    # its priority (``_prio``, inlined)
-                if not (lazy[key][0] if e is None else e.prio) < bound:
-                    break
+        n = 1
+        for key, prio in zip(keys[1:], self._lazy.prios(keys[1:], self._e)):
+            if key not in forced and not prio < bound:
+                break
             n += 1
         return n
 
@@ -300,7 +449,7 @@ class ValuePolicy:
         repeated key raises PolicyError before anything changes."""
         live, lazy = self._e, self._lazy
         if len(set(keys)) != len(keys) or sum(map(live.__contains__, keys)) + \
-                sum(map(lazy.__contains__, keys)) != len(keys):    # (live, lazy: disjoint)
+                lazy.count_in(keys) != len(keys):                  # (live, lazy: disjoint)
             raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
                                                   if k not in self or k in keys[:i]))
         for _ in keys[1:]:
@@ -309,13 +458,14 @@ class ValuePolicy:
             for key in keys:
                 self.remove(key)
             return
-        clock, pop_live, pop_lazy = self.clock, live.pop, lazy.pop
+        clock, pop_live, compact = self.clock, live.pop, []
         for key in keys:
             e = pop_live(key, None)
-            prio = pop_lazy(key)[0] if e is None else e.prio
-            if prio > clock:
-                clock = prio
-        self.clock = clock
+            if e is None:
+                compact.append(key)
+            elif e.prio > clock:
+                clock = e.prio
+        self.clock = max(clock, lazy.pop_run(compact))
         if len(self._heap) > 4 * (len(live) + len(lazy)) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in live.items() if x.seq >= 0]
             heapq.heapify(self._heap)
@@ -340,6 +490,11 @@ class LRUPolicy(ValuePolicy):
         e.prio = float(next(self._seq))
         if e.seq >= 0:
             self.eligible(e.key)
+
+    def _chain_prios(self, kind, nbytes, flops, tag, now):
+        """``_enter``'s priorities for new entries one after another: their sequence
+        numbers."""
+        return self._next_seqs(len(flops))
 
 
 class FilteredLRUPolicy(ValuePolicy):
@@ -390,3 +545,18 @@ class FilteredLRUPolicy(ValuePolicy):
         e.prio = float(next(self._seq)) + (self.DEAD if self.filtered(c) else 0.0)
         if e.seq >= 0:
             self.eligible(e.key)
+
+    def _chain_prios(self, kind, nbytes, flops, tag, now):
+        """``_enter``'s priorities for new entries of one class one after another: entry i
+        is filtered by the counts after i + 1 entries (its class's and every block's), so the
+        same float operations in the same order, one column."""
+        n, cls = len(flops), (kind, tag, 0)
+        n0, n_in = self._entered.get(cls, 0), self._n_in
+        prio = self._next_seqs(n)
+        self._entered[cls], self._n_in = n0 + n, n_in + n
+        if not self.learn:
+            return prio
+        i = np.arange(n, dtype=np.float64)
+        p = (self._moved.get(cls, 0) + 1.0) / (i + (n0 + 3.0))
+        mean = (self._n_mv + 1.0) / (i + (n_in + 3.0))
+        return prio + np.where(p < self.tau * mean, self.DEAD, 0.0)

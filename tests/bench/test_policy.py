@@ -229,8 +229,10 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
     free admits a chain): the entries, priorities and class counts of admitting each meta in
     turn, after some history (accesses and an eviction moved the clock and the class
     counts)."""
-    def policy():
+    def policy(capacity=0):
         p = ValuePolicy(learn=learn, recency=recency)
+        if capacity:
+            p.reserve(capacity)
         for i in range(used + 1):
             p.admit(EntryMeta(("old", i), "block", 64, 1000.0 * i, ""), float(i))
             p.eligible(("old", i))
@@ -240,7 +242,7 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
         return p
     metas = [EntryMeta(i, kind, nbytes, float(flops), tag)
              for i, (kind, tag, flops, nbytes) in enumerate(specs)]
-    one, run = policy(), policy()
+    one, run = policy(), policy(len(metas) + 1)    # run's compact entries in columns
     for m in metas:
         one.admit(m, 7.0)
     for (kind, nbytes, tag), stretch in groupby(metas, lambda m: (m.kind, m.nbytes, m.tag)):
@@ -253,14 +255,19 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
         (one._entered, one._moved, one.clock, one._now)
 
 
-@pytest.mark.parametrize("cls", [ValuePolicy, LRUPolicy, FilteredLRUPolicy])
+@pytest.mark.parametrize("cls", [ValuePolicy, LRUPolicy, FilteredLRUPolicy, "columns"])
 def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
     """admit_chain(keys, kind, nbytes, flops, tag): the entries (with their metas), priorities,
     class counts and sequence numbers that admitting EntryMeta(key, kind, nbytes, f, tag) one by
     one leaves, for ValuePolicy's batched path and the one-by-one fallback of subclasses; a
     duplicate key (in the chain, or already admitted) is refused before anything changes."""
+    columns = cls == "columns"                  # ValuePolicy, compact entries in columns
+    cls = ValuePolicy if columns else cls
+
     def policy():
         p = cls()
+        if columns:
+            p.reserve(150)           # a bad key past it (200) goes through the dict's path
         p.admit(_meta("old", 5.0, 8), 1.0)
         p.eligible("old")
         p.access("old", 2.0)
@@ -284,17 +291,23 @@ def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
 
 
 @settings(max_examples=600, deadline=None)
-@given(n=st.integers(1, 48),
+@given(n=st.integers(1, 48), capacity=st.sampled_from([0, 40, 64]),
+       cls=st.sampled_from([ValuePolicy, LRUPolicy, FilteredLRUPolicy]),
        ops=st.lists(st.tuples(st.sampled_from(["access", "eligible", "ineligible", "remove",
                                                 "drop", "victim", "run"]),
                               st.integers(0, 47)), max_size=40))
-def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, ops):
+def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, capacity,
+                                                                                cls, ops):
     """Entries admit_chain keeps compact (``_lazy``) become _Entry objects only when touched:
     every protocol call on them (access, eligible, ineligible, victim, remove evicted or
     not, run_length, remove_run) leaves the clock, entries, victims and answers that the same
-    calls leave on entries admitted one by one."""
+    calls leave on entries admitted one by one -- kept in a dict, or in columns for keys
+    below ``reserve``'s capacity (40: a chain past it stays in the dict); for greedy-dual and
+    for the sequence-number policies (LRU, FilteredLRU), the counter too."""
     keys, flops = list(range(n)), [float((7 * i) % 11 * 4096) for i in range(n)]
-    one, chain = ValuePolicy(), ValuePolicy()
+    one, chain = cls(), cls()
+    if capacity:
+        chain.reserve(capacity)
     for k, f in zip(keys, flops):
         one.admit(EntryMeta(k, "block", 4096, f, "comp"), 1.0)
     chain.admit_chain(keys, "block", 4096, flops, "comp", 1.0)
@@ -319,8 +332,42 @@ def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(
 
     def seen(p):
         return (p.clock, len(p), {k: (e.meta, e.prio, e.uses, e.seq)
-                                  for k, e in p.entries().items()}, p.victim())
+                                  for k, e in p.entries().items()}, p.victim(),
+                dict(p._entered), dict(p._moved), getattr(p, "_n_in", None))
     for op, i in ops:
         key = keys[i % n] if i < 2 * n else -1
         assert call(chain, op, key) == call(one, op, key), (op, key)
         assert seen(chain) == seen(one), (op, key)
+        assert repr(chain._seq) == repr(one._seq)
+
+
+@pytest.mark.parametrize("n", [20, 64])
+def test_filtered_lru_chain_turns_filtered_where_one_by_one_admission_does(n):
+    """FilteredLRUPolicy.admit_chain on a class whose learned reuse falls below tau x the
+    mean as the chain enters (another class, reused often, keeps the mean up): the entries
+    turn filtered (DEAD) at the same one as admitting them one by one, with the same
+    priorities and counts -- over histories that put that turn at every place in the
+    chain."""
+    turns = set()
+    for hot in range(10, 200, 3):
+        def policy():
+            p = FilteredLRUPolicy()
+            for i in range(hot):
+                p.admit(EntryMeta(("hot", i), "block", 64, 1.0, "hot"), 1.0)
+                if i % 3:
+                    p.access(("hot", i), 2.0)
+            return p
+        one, chain = policy(), policy()
+        flops = [float(i) for i in range(n)]
+        for i, f in enumerate(flops):
+            one.admit(EntryMeta(i, "block", 64, f, "cold"), 3.0)
+        chain.admit_chain(list(range(n)), "block", 64, flops, "cold", 3.0)
+        prios = {k: e.prio for k, e in one.entries().items() if not isinstance(k, tuple)}
+        assert {k: e.prio for k, e in chain.entries().items()
+                if not isinstance(k, tuple)} == prios, hot
+        dead = [k for k in range(n) if prios[k] < 0]
+        assert dead == list(range(n - len(dead), n))      # from one entry on: the rest
+        turns.add(n - len(dead))
+        assert (chain._entered, chain._n_in, repr(chain._seq)) == \
+            (one._entered, one._n_in, repr(one._seq))
+    assert len(turns) > 2                                 # the turn moves with the history

@@ -94,7 +94,10 @@ class Evictor:
                 keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
                         if st != PINNED and b in ents]
                 changed, states = [pool_blocks[i] for i in keep], [sts[i] for i in keep]
-            if getattr(policy, "admit_uses_seq", True):     # admit, place, block by block
+            k = self._fresh_prefix(admitted, pool_blocks) if chain else None
+            if getattr(policy, "admit_uses_seq", True) and k is not None:
+                self._admit_seq_chain(pk, pool_blocks, at, exact, sts, k, tag)
+            elif getattr(policy, "admit_uses_seq", True):   # admit, place, block by block
                 for i in keep:
                     b = pool_blocks[i]
                     if b not in admitted:
@@ -104,7 +107,6 @@ class Evictor:
                                                float(at[i] * pool.n_layers), tag), self.clock)
                     self._place_run(pk, (b,), (sts[i],))
             else:                                           # admissions first, at once
-                k = self._fresh_prefix(admitted, pool_blocks) if chain else None
                 if k is not None:           # a chain's admitted blocks: its top (the hit)
                     pool_blocks, at, exact = pool_blocks[:k], at[:k], exact[:k]
                 elif changed is not pool_blocks or not admitted.isdisjoint(pool_blocks):
@@ -115,6 +117,21 @@ class Evictor:
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
                 self._place_run(pk, changed, states, chain)
             self.liveness.settle_chain(pk, changed, chain)
+
+    def _admit_seq_chain(self, pk, blocks, at, exact, sts, k, tag):
+        """``admit_reads`` of a chain given tips first, its first k blocks new, for a policy
+        whose priorities are sequence numbers (``admit_uses_seq``): the block-by-block calls
+        admit the tip, offer it while a cached leaf, then admit the others -- none a leaf
+        (each has the one before as a child), so none offered -- and that order, so the
+        numbers each call takes, is kept: the tip alone, then the rest as one chain."""
+        admitted = self.admitted[pk]
+        if k:
+            admitted.add(blocks[0])
+            self._admit_chains(pk, blocks[:1], at[:1], exact[:1], tag)
+        self._place_run(pk, blocks[:1], sts[:1])
+        admitted.update(blocks[1:k])
+        self._admit_chains(pk, blocks[1:k], at[1:k], exact[1:k], tag)
+        self._place_run(pk, blocks[1:], sts[1:], True)
 
     @staticmethod
     def _fresh_prefix(admitted, blocks):

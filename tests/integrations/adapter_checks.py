@@ -562,3 +562,24 @@ def test_the_event_feed_goes_run_by_run_as_event_by_event():
             assert {(i, h): v for i, t in feed.keys.items() for h, v in t.items()} == keys
             for (i, h), v in keys.items():
                 assert feed.cached(h, i) == v
+
+
+def test_eviction_keeps_a_recent_short_prefix_as_vllm_s_lru_does():
+    """The adapter's pools evict by recency (FilteredLRUPolicy, the runtime replay's): a
+    short prompt freed after a long one keeps its blocks while the long one's tip goes, as
+    vLLM's LRU free queue keeps them.  Greedy-dual (FLOPs per byte) would take the short
+    prefix first (its blocks save fewer FLOPs) -- Mooncake's synthetic trace lost half its
+    hit tokens to that against stock vLLM."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as StockManager
+    stock = StockManager(config(41, full()), max_model_len=4096, scheduler_block_size=BS,
+                         hash_block_size=BS, enable_caching=True)
+    for kv in (manager(41, full()), stock):          # 40 usable blocks
+        for rid, tokens in (("long", list(range(1000, 1321))), ("short", list(range(65)))):
+            r = request(rid, tokens)
+            prefill(kv, r)
+            kv.free(r)                               # long: 20 blocks, then short: 4
+        fresh = request("fresh", list(range(5000, 5289)))
+        prefill(kv, fresh)                           # 18 blocks: 2 cached ones go
+        kv.free(fresh)
+        again = request("again", list(range(65)) + [9] * 40)
+        assert kv.get_computed_blocks(again)[1] == 64, type(kv)

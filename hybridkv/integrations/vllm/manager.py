@@ -40,6 +40,7 @@ from hybridkv.integrations.vllm.specs import (UnsupportedSpec, every_n, layout_f
 from hybridkv.integrations.vllm.translate import (HitMismatch, Tracked, TranslatedIds,
                                                   UnusedArgs, known_positions, salt_of)
 from hybridkv.layout import ceil_div
+from hybridkv.policy import FilteredLRUPolicy
 from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
@@ -84,9 +85,12 @@ class KVCacheManager(UnusedMachinery):
         self.coordinator = CoordinatorFacade(self)
 
     def _new_cache(self):
+        """hybridkv's cache on vLLM's ids; every pool under FilteredLRUPolicy, as the runtime
+        replay's (recency, rarely reused classes first: at or above LRU, vLLM's order, where
+        greedy-dual's FLOPs per byte evicts a short prefix before a long one's tip)."""
         return CacheManager(self.layout, num_pages=self.num_pages, block_pages=self.block_pages,
                             device="meta", every_n=self.every_n, resume_every=self.resume_every,
-                            events=True)
+                            events=True, policy_factory=FilteredLRUPolicy)
 
     def _drain(self, request):
         """vLLM's events for what the last calls for ``request`` filed / dropped (the hash

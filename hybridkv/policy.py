@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from itertools import repeat
+from itertools import compress, repeat
+from operator import attrgetter, not_
 
 import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 MAX_USES_CLASS = 3
+PRIO = attrgetter("prio")     # an _Entry's priority
 ARRAY_MIN = 32        # admit_chain computes a chain at least this long as numpy columns
 
 
@@ -112,6 +114,9 @@ def _lazy_entry(key, compact) -> _Entry:
     return e
 
 
+_UNSET = object()        # an argument not given (None is an answer)
+
+
 def _batches_chains(cls) -> bool:
     """``cls._chain_prios`` is the rule of ``cls._enter`` (one class defines both)."""
     owner = _CHAIN_RULE_OWNERS.get(cls)
@@ -142,7 +147,7 @@ class _Compact:
     def _col(self, key) -> bool:
         return type(key) is int and 0 <= key < self.cap
 
-    def _cols(self, keys):
+    def columns_of(self, keys):
         """``keys`` as an index array when every one is a column key, else None."""
         if not self.cap or not keys or list(map(type, keys)).count(int) != len(keys):
             return None
@@ -179,23 +184,24 @@ class _Compact:
         return rows + list(zip(keys, zip(self.prio[keys].tolist(), self.flops[keys].tolist(),
                                          map(self.metas.__getitem__, self.meta[keys]))))
 
-    def isdisjoint(self, keys) -> bool:
-        idx = self._cols(keys)
+    def isdisjoint(self, keys, idx=_UNSET) -> bool:
+        """No key of ``keys`` has a compact entry (``idx``: their ``columns_of``, when known)."""
+        idx = self.columns_of(keys) if idx is _UNSET else idx
         if idx is not None:
             return not self.present[idx].any()
         return all(k not in self for k in keys)
 
     def count_in(self, keys) -> int:
         """How many of ``keys`` (distinct) have a compact entry."""
-        idx = self._cols(keys)
+        idx = self.columns_of(keys)
         if idx is not None:
             return int(self.present[idx].sum())
         return sum(map(self.__contains__, keys))
 
-    def add_run(self, keys, prio, flops, meta) -> None:
+    def add_run(self, keys, prio, flops, meta, idx=_UNSET) -> None:
         """New compact entries (``keys`` distinct, none here yet), ``prio`` and ``flops`` one
-        value per key."""
-        idx = self._cols(keys)
+        value per key (``idx``: the keys' ``columns_of``, when known)."""
+        idx = self.columns_of(keys) if idx is _UNSET else idx
         if idx is None:                         # each key where ``_col`` puts it
             prio = prio.tolist() if isinstance(prio, np.ndarray) else prio
             homes = list(map(self._col, keys))
@@ -219,7 +225,7 @@ class _Compact:
     def prios(self, keys, live: dict):
         """The priority of each of ``keys`` in turn (a live ``_Entry``'s, else the compact
         one's; KeyError on reaching a key that has neither)."""
-        idx = self._cols(keys)
+        idx = self.columns_of(keys)
         if idx is None:
             for k, e in zip(keys, map(live.get, keys)):
                 yield e.prio if e is not None else self.prio_of(k)
@@ -238,7 +244,7 @@ class _Compact:
         among them (-inf for none)."""
         if not keys:
             return float("-inf")
-        idx = self._cols(keys)
+        idx = self.columns_of(keys)
         if idx is None:
             return max(self.pop(k)[0] for k in keys)
         self.present[idx] = False
@@ -341,13 +347,14 @@ class ValuePolicy:
             return
         if not keys:
             return
+        idx = self._lazy.columns_of(keys)
         if len(set(keys)) != len(keys) or not (self._e.keys().isdisjoint(keys)
-                                               and self._lazy.isdisjoint(keys)):
+                                               and self._lazy.isdisjoint(keys, idx)):
             raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
                                                     if k in self or k in keys[:i]))
         self._now = now
         prio = self._chain_prios(kind, nbytes, flops, tag, now)
-        self._lazy.add_run(keys, prio, flops, (kind, nbytes, tag))
+        self._lazy.add_run(keys, prio, flops, (kind, nbytes, tag), idx)
 
     def _chain_prios(self, kind, nbytes, flops, tag, now):
         """The priorities ``_enter`` gives new entries of one class one after another (the
@@ -448,23 +455,22 @@ class ValuePolicy:
         end: a stale record is skipped by ``victim`` wherever it sits).  An unknown or
         repeated key raises PolicyError before anything changes."""
         live, lazy = self._e, self._lazy
-        if len(set(keys)) != len(keys) or sum(map(live.__contains__, keys)) + \
-                lazy.count_in(keys) != len(keys):                  # (live, lazy: disjoint)
+        in_live = list(map(live.__contains__, keys))
+        n_live = in_live.count(True)
+        if len(set(keys)) != len(keys) or \
+                n_live + lazy.count_in(keys) != len(keys):         # (live, lazy: disjoint)
             raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
                                                   if k not in self or k in keys[:i]))
-        for _ in keys[1:]:
-            next(self._seq)
+        if len(keys) > 1:                  # the numbers len(keys) - 1 eligible calls take
+            self._seq = itertools.count(next(self._seq) + len(keys) - 1)
         if type(self).remove is not ValuePolicy.remove:
             for key in keys:
                 self.remove(key)
             return
-        clock, pop_live, compact = self.clock, live.pop, []
-        for key in keys:
-            e = pop_live(key, None)
-            if e is None:
-                compact.append(key)
-            elif e.prio > clock:
-                clock = e.prio
+        clock, compact = self.clock, keys
+        if n_live:
+            compact = list(compress(keys, map(not_, in_live)))
+            clock = max(clock, max(map(PRIO, map(live.pop, compress(keys, in_live)))))
         self.clock = max(clock, lazy.pop_run(compact))
         if len(self._heap) > 4 * (len(live) + len(lazy)) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in live.items() if x.seq >= 0]

@@ -34,13 +34,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from itertools import compress, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, itemgetter, not_
 
 import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 MAX_USES_CLASS = 3
 PRIO = attrgetter("prio")     # an _Entry's priority
+PRIO_OF_COMPACT = itemgetter(0)   # a compact entry's (ValuePolicy._lazy)
 ARRAY_MIN = 32        # admit_chain computes a chain at least this long as numpy columns
 
 
@@ -114,9 +115,6 @@ def _lazy_entry(key, compact) -> _Entry:
     return e
 
 
-_UNSET = object()        # an argument not given (None is an answer)
-
-
 def _batches_chains(cls) -> bool:
     """``cls._chain_prios`` is the rule of ``cls._enter`` (one class defines both)."""
     owner = _CHAIN_RULE_OWNERS.get(cls)
@@ -128,128 +126,6 @@ def _batches_chains(cls) -> bool:
 
 
 _CHAIN_RULE_OWNERS: dict = {}
-
-
-class _Compact:
-    """The entries ``admit_chain`` keeps compact until touched: key -> (prio, flops, (kind,
-    nbytes, tag)), no ``_Entry`` made.  Keys that are ints in [0, capacity) (a runtime pool's
-    block ids: ``ValuePolicy.reserve``) live in numpy columns, a chain written and an eviction
-    run read at a time; any other key in a dict."""
-
-    def __init__(self, capacity: int = 0):
-        self.cap, self.d, self.n = capacity, {}, 0
-        self.present = np.zeros(capacity, dtype=bool)
-        self.prio = np.zeros(capacity, dtype=np.float64)
-        self.flops = np.zeros(capacity, dtype=np.float64)
-        self.meta = np.zeros(capacity, dtype=np.int64)     # index into ``metas``
-        self.metas, self._meta_id = [], {}
-
-    def _col(self, key) -> bool:
-        return type(key) is int and 0 <= key < self.cap
-
-    def columns_of(self, keys):
-        """``keys`` as an index array when every one is a column key, else None."""
-        if not self.cap or not keys or list(map(type, keys)).count(int) != len(keys):
-            return None
-        idx = np.asarray(keys, dtype=np.int64)
-        return idx if idx.min() >= 0 and idx.max() < self.cap else None
-
-    def __len__(self) -> int:
-        return len(self.d) + self.n
-
-    def __contains__(self, key) -> bool:
-        return bool(self.present[key]) if self._col(key) else key in self.d
-
-    def prio_of(self, key) -> float:
-        """The compact entry's priority (KeyError when there is none)."""
-        if self._col(key):
-            if not self.present[key]:
-                raise KeyError(key)
-            return float(self.prio[key])
-        return self.d[key][0]
-
-    def pop(self, key):
-        """(prio, flops, meta) of the compact entry, taken out; None when there is none."""
-        if not self._col(key):
-            return self.d.pop(key, None)
-        if not self.present[key]:
-            return None
-        self.present[key] = False
-        self.n -= 1
-        return float(self.prio[key]), float(self.flops[key]), self.metas[self.meta[key]]
-
-    def items(self):
-        rows = list(self.d.items())
-        keys = np.flatnonzero(self.present).tolist()
-        return rows + list(zip(keys, zip(self.prio[keys].tolist(), self.flops[keys].tolist(),
-                                         map(self.metas.__getitem__, self.meta[keys]))))
-
-    def isdisjoint(self, keys, idx=_UNSET) -> bool:
-        """No key of ``keys`` has a compact entry (``idx``: their ``columns_of``, when known)."""
-        idx = self.columns_of(keys) if idx is _UNSET else idx
-        if idx is not None:
-            return not self.present[idx].any()
-        return all(k not in self for k in keys)
-
-    def count_in(self, keys) -> int:
-        """How many of ``keys`` (distinct) have a compact entry."""
-        idx = self.columns_of(keys)
-        if idx is not None:
-            return int(self.present[idx].sum())
-        return sum(map(self.__contains__, keys))
-
-    def add_run(self, keys, prio, flops, meta, idx=_UNSET) -> None:
-        """New compact entries (``keys`` distinct, none here yet), ``prio`` and ``flops`` one
-        value per key (``idx``: the keys' ``columns_of``, when known)."""
-        idx = self.columns_of(keys) if idx is _UNSET else idx
-        if idx is None:                         # each key where ``_col`` puts it
-            prio = prio.tolist() if isinstance(prio, np.ndarray) else prio
-            homes = list(map(self._col, keys))
-            if True in homes:
-                cols = [i for i, col in enumerate(homes) if col]
-                rest = [i for i, col in enumerate(homes) if not col]
-                self.add_run(*([c[i] for i in cols] for c in (keys, prio, flops)), meta)
-                keys, prio, flops = ([c[i] for i in rest] for c in (keys, prio, flops))
-            self.d.update(zip(keys, zip(prio, flops, repeat(meta))))
-            return
-        m = self._meta_id.get(meta)
-        if m is None:
-            m = self._meta_id[meta] = len(self.metas)
-            self.metas.append(meta)
-        self.present[idx] = True
-        self.prio[idx] = prio
-        self.flops[idx] = flops
-        self.meta[idx] = m
-        self.n += len(keys)
-
-    def prios(self, keys, live: dict):
-        """The priority of each of ``keys`` in turn (a live ``_Entry``'s, else the compact
-        one's; KeyError on reaching a key that has neither)."""
-        idx = self.columns_of(keys)
-        if idx is None:
-            for k, e in zip(keys, map(live.get, keys)):
-                yield e.prio if e is not None else self.prio_of(k)
-            return
-        here = self.present[idx].tolist()
-        for k, e, prio, ok in zip(keys, map(live.get, keys), self.prio[idx].tolist(), here):
-            if e is not None:
-                yield e.prio
-            elif ok:
-                yield prio
-            else:
-                raise KeyError(k)
-
-    def pop_run(self, keys) -> float:
-        """Take out the compact entries of ``keys`` (each has one); the largest priority
-        among them (-inf for none)."""
-        if not keys:
-            return float("-inf")
-        idx = self.columns_of(keys)
-        if idx is None:
-            return max(self.pop(k)[0] for k in keys)
-        self.present[idx] = False
-        self.n -= len(keys)
-        return float(self.prio[idx].max())
 
 
 class ValuePolicy:
@@ -264,19 +140,12 @@ class ValuePolicy:
         self._now = 0.0
         self.clock = 0.0
         self._e: dict = {}
-        self._lazy = _Compact()   # key -> (prio, flops, (kind, nbytes, tag)): admitted by
+        self._lazy: dict = {}     # key -> (prio, flops, (kind, nbytes, tag)): admitted by
         # admit_chain, untouched since (uses 0, not eligible); moved to _e when touched
         self._heap: list = []
         self._seq = itertools.count()
         self._entered: dict = {}
         self._moved: dict = {}
-
-    def reserve(self, capacity: int) -> None:
-        """Keys will be ints in [0, capacity) (a pool's block ids): compact entries go to
-        columns (``_Compact``).  Only before the first entry."""
-        if len(self):
-            raise PolicyError("reserve needs an empty policy", len(self))
-        self._lazy = _Compact(capacity)
 
     def __len__(self) -> int:
         return len(self._e) + len(self._lazy)
@@ -308,7 +177,7 @@ class ValuePolicy:
     def _get(self, key) -> _Entry:
         e = self._e.get(key)
         if e is None:
-            v = self._lazy.pop(key)
+            v = self._lazy.pop(key, None)
             if v is None:
                 raise PolicyError("unknown key", key)
             e = self._e[key] = _lazy_entry(key, v)
@@ -316,7 +185,7 @@ class ValuePolicy:
 
     def _prio(self, key) -> float:
         e = self._e.get(key)
-        return self._lazy.prio_of(key) if e is None else e.prio
+        return self._lazy[key][0] if e is None else e.prio
 
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
@@ -347,14 +216,14 @@ class ValuePolicy:
             return
         if not keys:
             return
-        idx = self._lazy.columns_of(keys)
         if len(set(keys)) != len(keys) or not (self._e.keys().isdisjoint(keys)
-                                               and self._lazy.isdisjoint(keys, idx)):
+                                               and self._lazy.keys().isdisjoint(keys)):
             raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
                                                     if k in self or k in keys[:i]))
         self._now = now
         prio = self._chain_prios(kind, nbytes, flops, tag, now)
-        self._lazy.add_run(keys, prio, flops, (kind, nbytes, tag), idx)
+        prio = prio.tolist() if isinstance(prio, np.ndarray) else prio
+        self._lazy.update(zip(keys, zip(prio, flops, repeat((kind, nbytes, tag)))))
 
     def _chain_prios(self, kind, nbytes, flops, tag, now):
         """The priorities ``_enter`` gives new entries of one class one after another (the
@@ -414,7 +283,7 @@ class ValuePolicy:
     def remove(self, key, evicted: bool = True) -> None:
         e = self._e.pop(key, None)
         if e is None:
-            v = self._lazy.pop(key)
+            v = self._lazy.pop(key, None)
             if v is None:
                 raise PolicyError("unknown key", key)
             prio = v[0]
@@ -440,10 +309,12 @@ class ValuePolicy:
         rival = self.victim()
         heapq.heappush(heap, top)
         bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
-        n = 1
-        for key, prio in zip(keys[1:], self._lazy.prios(keys[1:], self._e)):
-            if key not in forced and not prio < bound:
-                break
+        n, live, lazy = 1, self._e, self._lazy
+        for key in keys[1:]:
+            if key not in forced:
+                e = live.get(key)                    # its priority (``_prio``, inlined)
+                if not (lazy[key][0] if e is None else e.prio) < bound:
+                    break
             n += 1
         return n
 
@@ -458,7 +329,7 @@ class ValuePolicy:
         in_live = list(map(live.__contains__, keys))
         n_live = in_live.count(True)
         if len(set(keys)) != len(keys) or \
-                n_live + lazy.count_in(keys) != len(keys):         # (live, lazy: disjoint)
+                n_live + sum(map(lazy.__contains__, keys)) != len(keys):   # (disjoint)
             raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
                                                   if k not in self or k in keys[:i]))
         if len(keys) > 1:                  # the numbers len(keys) - 1 eligible calls take
@@ -471,7 +342,8 @@ class ValuePolicy:
         if n_live:
             compact = list(compress(keys, map(not_, in_live)))
             clock = max(clock, max(map(PRIO, map(live.pop, compress(keys, in_live)))))
-        self.clock = max(clock, lazy.pop_run(compact))
+        self.clock = max(clock, max(map(PRIO_OF_COMPACT, map(lazy.pop, compact)),
+                                    default=clock))
         if len(self._heap) > 4 * (len(live) + len(lazy)) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in live.items() if x.seq >= 0]
             heapq.heapify(self._heap)

@@ -33,10 +33,6 @@ class Evictor:
     def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
         self.pools, self.index, self.metrics = pools, index, metrics
         self.policies = {pk: policy_factory() for pk in pools}
-        for pk, policy in self.policies.items():        # keys are the pool's block ids:
-            reserve = getattr(policy, "reserve", None)  # compact entries in columns
-            if reserve is not None:
-                reserve(pools[pk].n)
         self.admitted = {pk: set() for pk in pools}     # cache entries (in the policy)
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy

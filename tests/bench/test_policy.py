@@ -229,10 +229,8 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
     free admits a chain): the entries, priorities and class counts of admitting each meta in
     turn, after some history (accesses and an eviction moved the clock and the class
     counts)."""
-    def policy(capacity=0):
+    def policy():
         p = ValuePolicy(learn=learn, recency=recency)
-        if capacity:
-            p.reserve(capacity)
         for i in range(used + 1):
             p.admit(EntryMeta(("old", i), "block", 64, 1000.0 * i, ""), float(i))
             p.eligible(("old", i))
@@ -242,7 +240,7 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
         return p
     metas = [EntryMeta(i, kind, nbytes, float(flops), tag)
              for i, (kind, tag, flops, nbytes) in enumerate(specs)]
-    one, run = policy(), policy(len(metas) + 1)    # run's compact entries in columns
+    one, run = policy(), policy()
     for m in metas:
         one.admit(m, 7.0)
     for (kind, nbytes, tag), stretch in groupby(metas, lambda m: (m.kind, m.nbytes, m.tag)):
@@ -255,19 +253,14 @@ def test_admit_chain_leaves_what_admit_one_by_one_leaves(specs, used, learn, rec
         (one._entered, one._moved, one.clock, one._now)
 
 
-@pytest.mark.parametrize("cls", [ValuePolicy, LRUPolicy, FilteredLRUPolicy, "columns"])
+@pytest.mark.parametrize("cls", [ValuePolicy, LRUPolicy, FilteredLRUPolicy])
 def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
     """admit_chain(keys, kind, nbytes, flops, tag): the entries (with their metas), priorities,
     class counts and sequence numbers that admitting EntryMeta(key, kind, nbytes, f, tag) one by
     one leaves, for ValuePolicy's batched path and the one-by-one fallback of subclasses; a
     duplicate key (in the chain, or already admitted) is refused before anything changes."""
-    columns = cls == "columns"                  # ValuePolicy, compact entries in columns
-    cls = ValuePolicy if columns else cls
-
     def policy():
         p = cls()
-        if columns:
-            p.reserve(150)           # a bad key past it (200) goes through the dict's path
         p.admit(_meta("old", 5.0, 8), 1.0)
         p.eligible("old")
         p.access("old", 2.0)
@@ -291,23 +284,19 @@ def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
 
 
 @settings(max_examples=600, deadline=None)
-@given(n=st.integers(1, 48), capacity=st.sampled_from([0, 40, 64]),
+@given(n=st.integers(1, 48),
        cls=st.sampled_from([ValuePolicy, LRUPolicy, FilteredLRUPolicy]),
        ops=st.lists(st.tuples(st.sampled_from(["access", "eligible", "ineligible", "remove",
                                                 "drop", "victim", "run"]),
                               st.integers(0, 47)), max_size=40))
-def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, capacity,
-                                                                                cls, ops):
+def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, cls, ops):
     """Entries admit_chain keeps compact (``_lazy``) become _Entry objects only when touched:
     every protocol call on them (access, eligible, ineligible, victim, remove evicted or
     not, run_length, remove_run) leaves the clock, entries, victims and answers that the same
-    calls leave on entries admitted one by one -- kept in a dict, or in columns for keys
-    below ``reserve``'s capacity (40: a chain past it stays in the dict); for greedy-dual and
-    for the sequence-number policies (LRU, FilteredLRU), the counter too."""
+    calls leave on entries admitted one by one; for greedy-dual and for the sequence-number
+    policies (LRU, FilteredLRU), the counter too."""
     keys, flops = list(range(n)), [float((7 * i) % 11 * 4096) for i in range(n)]
     one, chain = cls(), cls()
-    if capacity:
-        chain.reserve(capacity)
     for k, f in zip(keys, flops):
         one.admit(EntryMeta(k, "block", 4096, f, "comp"), 1.0)
     chain.admit_chain(keys, "block", 4096, flops, "comp", 1.0)

@@ -116,10 +116,10 @@ class Pool:
         """Funnel layer 2 for an object stored under ABI ``stored``: ``guard(stored,
         self.abi)`` (spec.funnel.can_hit_abi, a pure predicate of two values), asked once per
         distinct pair and guard, kept for the pool's life: every lookup meets the same few."""
-        key = (guard, stored, self.abi)
+        key = (guard, stored, self._abi)
         verdict = self._abi_verdicts.get(key)
         if verdict is None:
-            verdict = self._abi_verdicts[key] = bool(guard(stored, self.abi))
+            verdict = self._abi_verdicts[key] = bool(guard(stored, self._abi))
         return verdict
 
     @property
@@ -316,7 +316,7 @@ class Pool:
             self.is_free[b] = 1
             self.n_free += 1
             self.free.append(b)
-            self.abi_of[b] = self.abi
+            self.abi_of[b] = self._abi
 
     def _moved_run(self, blocks, old, new):
         """``_moved`` of each of ``blocks`` (distinct), all from state ``old`` to ``new``: the
@@ -328,7 +328,7 @@ class Pool:
             self.n_free += n if new == FREE else -n
         if new == FREE:
             self.free.extend(blocks)
-            abi_of, abi = self.abi_of, self.abi
+            abi_of, abi = self.abi_of, self._abi
             for b in blocks:
                 abi_of[b] = abi
 
@@ -361,13 +361,14 @@ class Pool:
 
     def write(self, b, p, draft=0):
         """FREE -> WRITING at position p (a draft with ``draft=1``); records the ABI."""
-        self.abi_of[b] = self.abi
+        self.abi_of[b] = self._abi
         return self.fire(b, "draft" if draft else "write", p, draft)
 
     def write_run(self, blocks, positions, draft=0):
         """``write`` of each block at its position, as one run (``fire_run``)."""
+        abi_of, abi = self.abi_of, self._abi
         for b in blocks:
-            self.abi_of[b] = self.abi
+            abi_of[b] = abi
         self.fire_run(blocks, "draft" if draft else "write", list(positions), draft)
 
     def touch(self, b):

@@ -133,11 +133,10 @@ class Evictor:
     def _fresh_prefix(admitted, blocks):
         """k where ``blocks[:k]`` are not in ``admitted`` and ``blocks[k:]`` all are (a chain
         given deepest first whose top the request reused); None when they are not split so."""
-        flags = list(map(admitted.__contains__, blocks))        # (at C speed)
-        if False not in flags:
-            return 0
-        k = len(flags) - flags[::-1].index(False)              # past the last fresh one
-        return None if True in flags[:k] else k
+        k = len(blocks)
+        while k and blocks[k - 1] in admitted:
+            k -= 1
+        return k if admitted.isdisjoint(blocks[:k]) else None
 
     def _admit_chains(self, pk, blocks, at, exact, tag):
         """New policy entries for ``blocks`` (not admitted yet; their positions and exact

@@ -10,12 +10,11 @@ The Evictor owns ``cached`` (what the policy may take) and tells this class whic
 changed; this class owns ``live``, ``below`` and ``blocked`` and only reads ``cached``.
 """
 from itertools import repeat
-from operator import add, attrgetter
+from operator import add
 
 from hybridkv.cache.arena_pool import PageCountedSet
 
 CHAIN_RUN_MIN = 2       # a single block is settled alone
-PARENT_BLOCK = attrgetter("parent.block")     # an index entry's parent's block
 
 
 class Liveness:
@@ -38,8 +37,8 @@ class Liveness:
         """Whether ``blocks`` are published chain blocks given deepest first: each one's
         parent is the next one given (so each but the first has a child)."""
         ents = self.index.entries[pk]
-        try:                                            # (at C speed: no frame per block)
-            ups = list(map(PARENT_BLOCK, map(ents.__getitem__, blocks[:-1])))
+        try:
+            ups = [ents[b].parent.block for b in blocks[:-1]]
             ents[blocks[-1]]
         except (KeyError, AttributeError, IndexError):  # unpublished, a parent missing, none
             return False

@@ -91,9 +91,10 @@ class Evictor:
                         if st != PINNED and b in ents]
                 changed, states = [pool_blocks[i] for i in keep], [sts[i] for i in keep]
             k = self._fresh_prefix(admitted, pool_blocks) if chain else None
-            if getattr(policy, "admit_uses_seq", True) and k is not None:
+            uses_seq = getattr(policy, "admit_uses_seq", True)
+            if uses_seq and k is not None:
                 self._admit_seq_chain(pk, pool_blocks, at, exact, sts, k, tag)
-            elif getattr(policy, "admit_uses_seq", True):   # admit, place, block by block
+            elif uses_seq:                                  # admit, place, block by block
                 for i in keep:
                     b = pool_blocks[i]
                     if b not in admitted:

@@ -130,19 +130,17 @@ class CacheEvent(NamedTuple):
     def removed_run(cls, kind, group, keys, exacts):
         """The removal events of a run of one pool's blocks filed under ``keys`` (their
         ``exacts`` beside them), in order, made at C speed."""
-        return map(_new_event, zip(repeat(False), repeat(kind), repeat(group), keys,
-                                   repeat(None), repeat(None), exacts, repeat(None)))
+        return map(partial(tuple.__new__, cls), zip(
+            repeat(False), repeat(kind), repeat(group), keys, repeat(None), repeat(None), exacts,
+            repeat(None)))
 
     @classmethod
     def stored_chain(cls, kind, group, keys, ends, parent, request_id):
         """The filing events of a chain run of one pool (``keys`` ending at ``ends``, each the
         next one's parent, the first under ``parent``'s key), in order, made at C speed."""
-        return map(_new_event, zip(repeat(True), repeat(kind), repeat(group), keys,
-                                   chain([parent], keys), ends, repeat(False),
-                                   repeat(request_id)))
-
-
-_new_event = partial(tuple.__new__, CacheEvent)     # CacheEvent(*fields) at C speed
+        return map(partial(tuple.__new__, cls), zip(
+            repeat(True), repeat(kind), repeat(group), keys, chain([parent], keys), ends,
+            repeat(False), repeat(request_id)))
 
 
 @dataclass(eq=False)

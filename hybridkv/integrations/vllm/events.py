@@ -36,6 +36,12 @@ FEED_RUN_MIN = 8     # a shorter batch goes event by event (each a run of one)
 NO_KEYS = {}         # a group with no table yet: nothing to find or pop (only read or popped)
 
 
+def removed_event(vllm_hash, i):
+    """vLLM's BlockRemoved of the block group i had cached under ``vllm_hash``."""
+    return BlockRemoved(block_hashes=[maybe_convert_block_hash(vllm_hash)], medium=MEDIUM_GPU,
+                        group_idx=i)
+
+
 def group_index(name):
     return int(name[1:])                   # layout_from_vllm names group i "g<i>"
 
@@ -46,10 +52,10 @@ class VllmEvents:
     A block is reported under the request's ``block_hashes`` entry at its end (vLLM names a
     group block by its last ``hash_block_size`` boundary's hash), with the tokens, extra keys
     and lookahead tokens a consumer rebuilds that hash from; a block vLLM has no hash for yet
-    (its lookahead tokens not known) is not reported.  The translation tables: ``hashes``
-    (group, hybridkv key) -> the vLLM hash, so a removal names the same hash, and ``keys``
-    (group index, vLLM hash) -> (group, key, exact, at), so vLLM's hash names the block cached
-    under it (``cached``); hybridkv's keys stay internal.  Both are kept whether or not the
+    (its lookahead tokens not known) is not reported.  The translation tables, one per group:
+    ``hashes[group]`` hybridkv key -> the vLLM hash, so a removal names the same hash, and
+    ``keys[group index]`` vLLM hash -> (group, key, exact, at), so vLLM's hash names the block
+    cached under it (``cached``); hybridkv's keys stay internal.  Both are kept whether or not the
     events are emitted (``emit``), under the request's own hashes: the external form an event
     carries (``maybe_convert_block_hash``, an environment read per call) is made only for the
     events emitted, as vLLM's block pool makes it."""
@@ -100,19 +106,23 @@ class VllmEvents:
             if h is not None:
                 self.keys[i].pop(h, None)
                 if self.emit:
-                    out.append(BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
-                                            medium=MEDIUM_GPU, group_idx=i))
+                    out.append(removed_event(h, i))
             return
         h = self.vllm_hash(request, e.at)
         if h is None:
             return
-        hashes = self.hashes.get(e.group)
-        if hashes is None:
-            hashes, self.keys[i] = self.hashes.setdefault(e.group, {}), {}
+        hashes, keys = self._tables(e.group, i)
         hashes[e.key] = h
-        self.keys[i][h] = (e.group, e.key, e.exact, e.at)
+        keys[h] = (e.group, e.key, e.exact, e.at)
         if self.emit:
             self._join(out, i, (e.at,))
+
+    def _tables(self, group, i):
+        """(``hashes[group]``, ``keys[i]``), made empty on the group's first filing."""
+        hashes = self.hashes.get(group)
+        if hashes is None:
+            hashes, self.keys[i] = self.hashes.setdefault(group, {}), {}
+        return hashes, self.keys[i]
 
     def _join(self, out, i, ends):
         """Emitted filings of group i ending at ``ends``: each joins the BlockStored before it
@@ -133,24 +143,19 @@ class VllmEvents:
             hs = [h for h in hs if h is not None]
         deque(map(self.keys.get(i, NO_KEYS).pop, hs, repeat(None)), maxlen=0)
         if self.emit:
-            out += [BlockRemoved(block_hashes=[maybe_convert_block_hash(h)],
-                                 medium=MEDIUM_GPU, group_idx=i) for h in hs]
+            out += [removed_event(h, i) for h in hs]
 
     def _stored(self, group, run, request, out):
         """A run of one group's filings: each under the request's hash at its end (none yet:
         not reported); emitted, consecutive block ends join one BlockStored."""
         i = group_index(group)
-        hashes = self.hashes.get(group)
-        if hashes is None:
-            hashes, self.keys[i] = self.hashes.setdefault(group, {}), {}
-        keys, vllm_hashes, hbs = self.keys[i], request.block_hashes, self.hash_block_size
+        hashes, keys = self._tables(group, i)
+        vllm_hashes, hbs = request.block_hashes, self.hash_block_size
         named = list(map(AT, run))
-        if hbs <= min(named) and max(named) // hbs <= len(vllm_hashes):     # every one named
-            hs = [vllm_hashes[at // hbs - 1] for at in named]
-        else:
+        if hbs > min(named) or max(named) // hbs > len(vllm_hashes):    # some not named yet
             kept = [k for k, at in enumerate(named) if 1 <= at // hbs <= len(vllm_hashes)]
             run, named = [run[k] for k in kept], [named[k] for k in kept]
-            hs = [vllm_hashes[at // hbs - 1] for at in named]
+        hs = [vllm_hashes[at // hbs - 1] for at in named]
         event_keys = list(map(KEY, run))
         hashes.update(zip(event_keys, hs))
         keys.update(zip(hs, zip(repeat(group), event_keys, map(EXACT, run), named)))

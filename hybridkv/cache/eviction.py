@@ -83,6 +83,10 @@ class Evictor:
             admitted, ents = self.admitted[pk], self.index.entries[pk]
             tag = "/".join([pk[0], *(t for t in tags if t)])
             sts = pool.recs.values(pool_blocks, "st")
+            if PINNED in sts:
+                pool_blocks, at, exact, sts = self._unpinned_head(pool_blocks, at, exact, sts)
+                if not pool_blocks:
+                    continue
             chain = PINNED not in sts and self.liveness.chain_of(pk, pool_blocks)
             if chain or PINNED not in sts and ents.keys() >= set(pool_blocks):  # all change
                 keep, changed, states = range(len(pool_blocks)), pool_blocks, sts
@@ -114,6 +118,17 @@ class Evictor:
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
                 self._place_run(pk, changed, states, chain)
             self.liveness.settle_chain(pk, changed, chain)
+
+    @staticmethod
+    def _unpinned_head(blocks, at, exact, sts):
+        """``admit_reads``' columns of one pool cut to the blocks before the first PINNED one
+        when every block from there on is PINNED (a hit's shared root side, still read by
+        another request, given last): the block-by-block calls skip exactly those, so the
+        rest is the whole run (a chain, tips first, admitted at once).  Otherwise unchanged."""
+        j = sts.index(PINNED)
+        if sts.count(PINNED) != len(sts) - j:
+            return blocks, at, exact, sts
+        return blocks[:j], at[:j], exact[:j], sts[:j]
 
     def _admit_seq_chain(self, pk, blocks, at, exact, sts, k, tag):
         """``admit_reads`` of a chain given tips first, its first k blocks new, for a policy

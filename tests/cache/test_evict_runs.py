@@ -20,6 +20,7 @@ from hybridkv.cache import CacheManager
 from hybridkv.errors import CacheError
 from hybridkv.layout import ModelLayout
 from hybridkv.policy import FilteredLRUPolicy, LRUPolicy, ValuePolicy
+from spec.common import PINNED
 from tests.cache.helpers import LAY, commit_all
 
 LAYOUTS = {"v4-mini": LAY, "full": ModelLayout.full(block_size=4),
@@ -167,6 +168,34 @@ def test_a_run_stops_where_another_entry_comes_first(policy, hook):
         assert play(run, *call) == play(ref, *call), call
         assert state(run) == state(ref), call
     assert run.metrics.evictions, "D evicted"
+
+
+# A's chain cached; B pins its prefix (a reader still running); C hits it and adds 10 blocks of
+# its own: C's free leaves its blocks cached while the prefix it read stays pinned by B.
+SHARED = [("done", 0, 0, 80, 0), ("pin", 1, 0, 80, 0), ("serve", 2, 0, 80, 40)]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_free_whose_hit_is_still_pinned_admits_its_own_blocks_as_one_chain(policy):
+    """The pinned blocks of a free's reads are the hit's root side (every reader pins from
+    the root): the blocks before them go as one chain (no per-entry ``admit``), and both
+    managers reach the same state (the reference admits C's 10 blocks one by one)."""
+    ref = manager(LAYOUTS["full"], POLICIES[policy], runs=False)
+    run = manager(LAYOUTS["full"], POLICIES[policy], runs=True)
+    for call in SHARED:
+        assert play(run, *call) == play(ref, *call), call
+    admits = {}
+    for name, m in (("ref", ref), ("run", run)):
+        policy_of_comp = m.evictor.policies[("comp", "full")]
+        calls, admit = [], policy_of_comp.admit
+        policy_of_comp.admit = lambda meta, now=0.0: (calls.append(meta.key), admit(meta, now))
+        m.free(2)
+        admits[name] = calls
+    assert len(admits["ref"]) == 10 and admits["run"] == []
+    assert state(run) == state(ref)
+    assert sum(rec.st == PINNED for rec in run.pools[("comp", "full")].recs) == 19   # B reads
+    run.check_invariants()
+    ref.check_invariants()
 
 
 def test_a_run_goes_through_the_table_index_and_policy_once():

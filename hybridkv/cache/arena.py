@@ -36,6 +36,8 @@ pool is a window snapshot, holding the sub-pages its rows need: ``available`` an
 count the pages each such block holds.  hybridkv's own tensors keep the block's rows at its
 first page (every page is as large as the largest block).
 """
+from itertools import chain, compress, repeat
+
 import numpy as np
 import torch
 
@@ -234,12 +236,17 @@ class Arena:
         more blocks growing, ``spec.arena.can_give`` (only a slot's owner grows it) and
         ``can_take`` (only FREE pages) are each evaluated once over the run's pages (array
         mode), and a refusal anywhere changes nothing.  Returns the pages taken."""
-        grow = []                                  # (block, page, its more_pages, missing)
+        grow, more_pages = [], self.more_pages     # (block, page, its more_pages, missing)
         for b, page, want in zip(blocks, pages, subs):
-            more = self.more_pages.get(page)
+            more = more_pages.get(page)
             if more is None or not _sub_pages_of(want, more):
                 raise BadArgument("no such sub-page of the block", (pool_key, b, page, want))
-            missing = sorted({s for s in want if more[s - 1] == NO_PAGE})
+            if type(want) is range and want.step == 1:     # sub-pages in a row (subpages')
+                held = more[want.start - 1:want.stop - 1]
+                missing = want if held.count(NO_PAGE) == len(held) else \
+                    [s for s in want if more[s - 1] == NO_PAGE]
+            else:
+                missing = sorted({s for s in want if more[s - 1] == NO_PAGE})
             if missing:
                 grow.append((b, page, more, missing))
         if len(grow) < ARENA_RUN_MIN:
@@ -290,8 +297,17 @@ class Arena:
 
     def _pages_given(self, pool_key, blocks, slots):
         """(pages, the block giving each) of blocks whose slots are ``slots`` going FREE."""
-        if self.pages_per_block(pool_key) == 1 and NO_PAGE not in slots:
+        k = self.pages_per_block(pool_key)
+        if k == 1 and NO_PAGE not in slots:
             return slots, blocks                # one-page blocks: each holds its slot alone
+        subs = list(map(self.more_pages.get, slots))
+        if k > 1 and None not in subs and NO_PAGE not in slots:     # (k - 1 sub-pages each)
+            pages = list(chain.from_iterable(zip(slots, *zip(*subs))))   # block by block
+            givers = list(chain.from_iterable(zip(*repeat(blocks, k))))
+            if NO_PAGE in pages:
+                held = list(map(NO_PAGE.__ne__, pages))
+                pages, givers = list(compress(pages, held)), list(compress(givers, held))
+            return pages, givers
         pages, givers = [], []
         for b, slot in zip(blocks, slots):
             held = self.held_pages(slot)
@@ -327,9 +343,9 @@ class Arena:
         if checked:
             self._check_take_top(pool_key, n)
         slots = self._own_tops(pool_key, blocks)
-        if self.pages_per_block(pool_key) > 1:
-            for page in slots:
-                self._no_subs_yet(pool_key, page)
+        k = self.pages_per_block(pool_key)
+        if k > 1:                                    # ``_no_subs_yet`` of each, at once
+            self.more_pages.update(zip(slots, map(list, repeat((NO_PAGE,) * (k - 1)))))
         return slots
 
     def give_run(self, pool_key, blocks, slots, checked=True):
@@ -488,6 +504,8 @@ class Arena:
 def _sub_pages_of(subs, more):
     """Every one of ``subs`` names a sub-page 1..k-1 of a block whose sub-pages are
     ``more``."""
+    if type(subs) is range and subs.step > 0:
+        return not subs or (subs.start >= 1 and subs[-1] <= len(more))
     return not subs or (min(subs) >= 1 and max(subs) <= len(more))
 
 

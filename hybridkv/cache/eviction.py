@@ -370,18 +370,19 @@ class Evictor:
         run (Pool.fire_run).  Any other block, or ``runs`` off, goes through ``drop`` one by
         one."""
         pool, ents, admitted = self.pools[pk], self.index.entries[pk], self.admitted[pk]
-        if not self.runs or any(
-                b in ents or b in admitted or pool.recs.state(b) == STALE for b in blocks):
+        if not self.runs or not (ents.keys().isdisjoint(blocks) and admitted.isdisjoint(blocks)
+                                 and STALE not in pool.recs.values(blocks, "st")):
             for b in blocks:
                 self.drop(self._ref(pk, b), event)
             return
         pool.fire_run(blocks, event)
-        dead, cached, eligible = self.dead[pk], self.cached[pk], self.eligible[pk]
-        for b in blocks:                # unpublished: no liveness (Liveness holds published)
-            dead.pop(b, None)
-            cached.discard(b)
-            eligible.discard(b)
-            pool.touch(b)
+        dead = self.dead[pk]
+        if dead:
+            for b in blocks:
+                dead.pop(b, None)
+        self.cached[pk].difference_update(blocks)   # unpublished: no liveness (Liveness
+        self.eligible[pk].difference_update(blocks)  # holds published blocks)
+        pool.touch_run(blocks)
 
     def make_room(self, pk, k):
         """Evict this pool's victims (never another kind's) until k blocks are free

@@ -18,6 +18,8 @@ Every take and give is the arena's (``ArenaPool.reach`` / ``give_sub``: the spec
 slots; ``reached_end`` and ``next_slide`` bound the writer's bookkeeping-only horizon.  Pools
 of one-page blocks (hybridkv's own path) are not touched.
 """
+from itertools import islice
+
 from hybridkv.cache.arena import NO_PAGE
 from hybridkv.layout import ceil_div
 from spec.state import LOOKED
@@ -88,14 +90,26 @@ class WindowSubPages:
         if group not in self.multi or hi <= lo:
             return
         pool, W, k = self.multi[group]
-        sb, by_page = W // k, {}
-        for i in range(lo // sb, ceil_div(hi, sb)):
-            j, s = divmod(i, k)
-            if s:
-                by_page.setdefault(j, []).append(s)
-        if by_page:
-            pool.reach_run([self._block(req, group, j, W) for j in by_page],
-                           list(by_page.values()))
+        sb = W // k
+        first, last = lo // sb, ceil_div(hi, sb)      # global sub-blocks [first, last)
+        pages, subs = [], []
+        for j in range(first // k, (last - 1) // k + 1):
+            s0, s1 = max(first - j * k, 1), min(last - j * k, k)   # page j's, past its slot
+            if s0 < s1:
+                pages.append(j)
+                subs.append(range(s0, s1))
+        if pages:
+            pool.reach_run(self._blocks(req, group, pages, W), subs)
+
+    @classmethod
+    def _blocks(cls, req, group, pages, W):
+        """``_block`` of each of ``pages`` (ascending): consecutive regular pages in one pass
+        over the request's window pages."""
+        work = req.work[group]
+        lo, hi = pages[0] - work.first_page, pages[-1] - work.first_page
+        if lo >= 0 and hi < len(work.pages) and hi - lo + 1 == len(pages):
+            return [o.ref.block for o in islice(work.pages, lo, hi + 1)]
+        return [cls._block(req, group, j, W) for j in pages]
 
     @staticmethod
     def _block(req, group, j, W):
@@ -117,7 +131,7 @@ class WindowSubPages:
                     if n:
                         blocks, subs = runs.setdefault(o.ref.group, ([], []))
                         blocks.append(o.ref.block)
-                        subs.append(list(range(1, 1 + n)))
+                        subs.append(range(1, 1 + n))
         for group, (blocks, subs) in runs.items():
             self.multi[group][0].reach_run(blocks, subs)
 

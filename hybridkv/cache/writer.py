@@ -231,12 +231,12 @@ class ObjectWriter:
             for j in range(first, stop):
                 self._page(req, g, j)
             return
-        _, objs = Owned.write_run(self.pools[("swa", g.name)],
-                               [(j + 1) * g.window for j in range(first, stop)])
+        pool = self.pools[("swa", g.name)]
+        blocks, objs = Owned.write_run(pool, [(j + 1) * g.window for j in range(first, stop)])
         work = req.work[g.name]
         if not work.pages:
             work.first_page = first
-        req.tables[g.name].swa.extend(map(self._slot, objs))
+        req.tables[g.name].swa.extend(map(pool.slot, blocks))
         work.pages.extend(objs)
 
     # -- an allocation's objects ----------------------------------------------------------------

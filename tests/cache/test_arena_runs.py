@@ -156,6 +156,33 @@ def test_a_run_growing_a_block_it_does_not_own_is_refused_and_changes_nothing():
         assert a.reach_run(pool.key, blocks, pages, [[1, 2]] * len(blocks)) == 20
 
 
+def test_sub_pages_asked_as_a_range_take_what_the_same_list_takes():
+    """``reach_run`` with each block's sub-pages as a ``range`` (WindowSubPages' runs: read
+    off at once where the block holds none of them) takes exactly the pages the same subs as
+    lists take, with some of them already held (those are not taken again)."""
+    from tests.cache.test_arena_block_pages import K, LAY as PAGED
+    k = K[("swa", "g1")]
+    states = []
+    for as_range in (False, True):
+        m = CacheManager(PAGED, num_pages=PAGES, device="meta", checked=True, block_pages=K)
+        m.lookup("a", PROMPTS[0][:300])
+        m.allocate("a", 300)
+        pool = m.pools[("swa", "g1")]
+        blocks = [b for b, r in enumerate(pool.recs) if r.st != 0][:12]
+        for i, b in enumerate(blocks):                # every sub-page free, then some held
+            for s in range(1, k):
+                pool.give_sub(b, s)
+            if i % 3 == 1:
+                m.arena.reach(pool.key, b, pool.phys[b], [k - 1])
+            elif i % 3 == 2:
+                m.arena.reach(pool.key, b, pool.phys[b], [1])
+        subs = [range(1, k) if as_range else list(range(1, k)) for _ in blocks]
+        taken = m.arena.reach_run(pool.key, blocks, [pool.phys[b] for b in blocks], subs)
+        states.append((taken, _arena_state(m.arena)))
+        m.check_invariants()
+    assert states[0] == states[1] and states[0][0] == 12 * (k - 1) - 8
+
+
 def test_taking_more_pages_than_are_free_raises_and_changes_nothing():
     """The page run primitive refuses a take the free list cannot cover (admission reserves
     pages first; a caller that did not is a bug), before any page changes owner."""

@@ -14,7 +14,7 @@ positions reach them and given back once the window slid past them
 and ``vllm_ids`` (the same rule over a list) are the only functions that turn a page into an id.
 """
 from functools import partial
-from itertools import compress, count, islice, repeat
+from itertools import chain, compress, count, islice, repeat, takewhile
 from operator import le
 
 from hybridkv.cache.arena import NO_PAGE
@@ -91,6 +91,13 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
             out += repeat(NULL_BLOCK_ID, upto - b)
             b = upto
             continue
+        if s0 == 0 and b >= hit_blocks and end_block - b >= 2 * k:   # whole pages in a row
+            run = list(takewhile(HOLDS, islice(swa, j, min(len(swa), end_block // k))))
+            if len(run) > 1:                            # their sub-pages, page by page
+                pages = list(chain.from_iterable(map(pages_of, run)))
+                out += sub_ids(pages, 0, len(pages))
+                b += len(run) * k
+                continue
         n = min(end_block - b, k - s0)
         if b < hit_blocks:                              # below the hit: its window snapshot
             pages = None

@@ -422,6 +422,14 @@ class Arena:
         as one giver choice per page would give them.  Admission counted only takeable
         blocks, so this does not run short."""
         while self.n_free < num_pages:
+            if len(pools) == 1:                 # one giver: ranked would name it, no rival
+                pk = next(iter(pools))
+                if evictor.victim(pk) is None:
+                    raise AdmissionRefused("arena exhausted",
+                                           {"arena": (num_pages, self.n_free)})
+                evictor.evict_run(pk, 1 if pools[pk].pages_per_block > 1 else
+                                  num_pages - self.n_free)
+                continue
             ranked = self.ranked(pools, evictor)
             if not ranked:
                 raise AdmissionRefused("arena exhausted", {"arena": (num_pages, self.n_free)})

@@ -101,6 +101,14 @@ class WindowSubPages:
         if pages:
             pool.reach_run(self._blocks(req, group, pages, W), subs)
 
+    def reach_past(self, req, group, end):
+        """``reach`` of the positions an allocation adds, [num_allocated_tokens, end), from
+        the first sub-block it does not hold yet (``reached_end``: every allocation reached
+        the sub-blocks it wrote, and the one holding its last position is still held, as
+        ``count`` counts them)."""
+        if group in self.multi:
+            self.reach(req, group, self.reached_end(group, req.num_allocated_tokens), end)
+
     @classmethod
     def _blocks(cls, req, group, pages, W):
         """``_block`` of each of ``pages`` (ascending): consecutive regular pages in one pass

@@ -261,7 +261,7 @@ class ObjectWriter:
                 self._pages(req, g, first, regular)
                 for j in range(regular, ceil_div(draft_end, W)):
                     self._page(req, g, j, draft=1)
-                self.subpages.reach(req, g.name, req.num_allocated_tokens, draft_end)
+                self.subpages.reach_past(req, g.name, draft_end)
             if draft_end > end:
                 if "tail" in g.kinds:
                     work.draft_tail = Owned.write(self.pools[("tail", g.name)], end, 1)

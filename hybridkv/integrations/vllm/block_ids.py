@@ -80,7 +80,7 @@ def group_ids(g, tables, pages_of, hit, window_slot, start_block, end_block):
     bs, swa = g.block_size, tables.swa
     k = g.window // bs
     hit_blocks = ceil_div(hit, bs) if window_slot is not None else 0   # blocks p < hit
-    first = hit_window_block(g, hit) if window_slot is not None else 0
+    first = hit_window_block(g, hit) if start_block < hit_blocks else 0
     out, b, hit_pages = [], start_block, None
     while b < end_block:
         j, s0 = divmod(b, k)

@@ -152,9 +152,13 @@ class WindowSubPages:
         if not work.pages:
             return
         gone = self.groups[group].oldest_read(L) // (W // k) - work.first_page * k
+        if gone < 2:
+            return
         b = work.pages[0].ref.block
+        held = pool.sub_pages(b)                 # (those given back earlier: nothing to give)
         for s in range(1, min(k, gone)):
-            pool.give_sub(b, s)
+            if held[s] != NO_PAGE:
+                pool.give_sub(b, s)
 
     # -- horizon --------------------------------------------------------------------------------
     def reached_end(self, group, allocated):

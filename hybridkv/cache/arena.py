@@ -300,8 +300,8 @@ class Arena:
         k = self.pages_per_block(pool_key)
         if k == 1 and NO_PAGE not in slots:
             return slots, blocks                # one-page blocks: each holds its slot alone
-        subs = list(map(self.more_pages.get, slots))
-        if k > 1 and None not in subs and NO_PAGE not in slots:     # (k - 1 sub-pages each)
+        subs = list(map(self.more_pages.get, slots)) if k > 1 and NO_PAGE not in slots else ()
+        if subs and None not in subs:           # every block with its k - 1 sub-page entries
             pages = list(chain.from_iterable(zip(slots, *zip(*subs))))   # block by block
             givers = list(chain.from_iterable(zip(*repeat(blocks, k))))
             if NO_PAGE in pages:
@@ -414,6 +414,14 @@ class Arena:
             out.append(((saved, -self.pages_held[pk], place), pk))
         return sorted(out)
 
+    def _givers(self, pools, evictor):
+        """``ranked`` for ``make_room``: one pool is the giver whenever it has a victim, with
+        no cost to weigh (None: no rival reads it)."""
+        if len(pools) == 1:
+            pk = next(iter(pools))
+            return [] if evictor.victim(pk) is None else [(None, pk)]
+        return self.ranked(pools, evictor)
+
     def make_room(self, num_pages, pools, evictor):
         """Until ``num_pages`` pages are free: the giver (``ranked``'s first) evicts its victim,
         through its own path (Evictor.evict_run: its policy, the disk spill on eviction).
@@ -422,15 +430,7 @@ class Arena:
         as one giver choice per page would give them.  Admission counted only takeable
         blocks, so this does not run short."""
         while self.n_free < num_pages:
-            if len(pools) == 1:                 # one giver: ranked would name it, no rival
-                pk = next(iter(pools))
-                if evictor.victim(pk) is None:
-                    raise AdmissionRefused("arena exhausted",
-                                           {"arena": (num_pages, self.n_free)})
-                evictor.evict_run(pk, 1 if pools[pk].pages_per_block > 1 else
-                                  num_pages - self.n_free)
-                continue
-            ranked = self.ranked(pools, evictor)
+            ranked = self._givers(pools, evictor)
             if not ranked:
                 raise AdmissionRefused("arena exhausted", {"arena": (num_pages, self.n_free)})
             (cost, pk), rival = ranked[0], (ranked[1][0] if len(ranked) > 1 else None)

@@ -822,6 +822,17 @@ class CacheManager:
         b = (self.index.exact_block if exact else self.index.chain_block)(kind, group, key)
         return None if b is None else ObjRef(kind, group, b)
 
+    def chain_keys(self, request_id, first=0, stop=None, step=1):
+        """The request's chain keys of granules ``first``, ``first + step``, ... below ``stop``
+        (the key of granule i names the prefix ending at (i + 1) * granule: what CacheEvents
+        and ``cached_block`` name blocks by), as far as its known tokens go; reads only."""
+        return self._request(request_id).chain_keys[first:stop:step]
+
+    def filed_keys(self):
+        """Every chain key some block (a chain block or a snapshot, any pool) is filed under
+        now, as a new set (reads only)."""
+        return set().union(*self.index.chain.values(), *self.index.exact.values())
+
     def slot_pages(self, slot):
         """The arena pages of the block at ``slot`` (a block table entry): ``[slot]``, or all
         k pages of a pool whose blocks take k (``block_pages``)."""

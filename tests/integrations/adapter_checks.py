@@ -287,6 +287,70 @@ def test_a_cached_block_is_found_by_its_vllm_hash():
     assert pool.get_cached_block(request("x", [7] * 48).block_hashes[0], [0]) is None
 
 
+def _cached_by_key(kv, req, i):
+    """The oracle of ``get_cached_block`` for each of ``req``'s hash blocks in group i: the
+    block hybridkv's index files under the chain key of the block's end, that key made from
+    the request's tokens afresh (root key, salt, chain), not from the adapter's names."""
+    from hybridkv.cache.index import extend_chain, root_key
+    from hybridkv.integrations.vllm.translate import salt_of, token_ids
+    n = len(req.block_hashes) * BS
+    keys = extend_chain([], root_key(kv.layout, salt_of(req)),
+                        token_ids(req, 0, n, BS), kv.layout.granule)
+    g, out = kv.layout.groups[i], []
+    for j in range(len(req.block_hashes)):
+        at = (j + 1) * BS
+        ref = kv.cache.cached_block("swa" if g.window else "comp", g.name,
+                                    keys[at // kv.layout.granule - 1], bool(g.window))
+        out.append(None if ref is None else ref.block)
+    return out
+
+
+@pytest.mark.parametrize("limit", [10 ** 6, 8])
+def test_get_cached_block_finds_what_the_index_files_under_each_hash(limit):
+    """After every 7th step of a random stream (prefills sharing prefixes, decodes,
+    preemption by free, requests freed before any read, eviction under pressure, two
+    tenants), ``block_pool.get_cached_block(h, [i])`` names a block exactly where hybridkv's
+    index files one under the chain key of h's block end, for every hash of every request
+    seen (live or gone).  ``limit`` 8: the names table is pruned all the time (live requests
+    named again)."""
+    import random
+    kv = manager(72, full(), swa(32))
+    kv.names.limit = limit
+    pool, rnd, seen, live = kv.block_pool, random.Random(7), [], {}
+    prefixes = [list(range(p * 100, p * 100 + 64)) for p in range(3)]
+    for step in range(60):
+        op = rnd.random()
+        if op < 0.35 or not live:
+            rid = f"r{step}"
+            tokens = rnd.choice(prefixes)[:rnd.choice([16, 40, 64])] + \
+                [rnd.randrange(5000, 6000) for _ in range(rnd.randrange(1, 40))]
+            req = request(rid, tokens, salt=rnd.choice([None, "t"]))
+            blocks, hit, _ = kv.get_computed_blocks(req)
+            if kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None:
+                req.num_computed_tokens = req.num_tokens
+                seen.append(req)
+                if rnd.random() < 0.3:
+                    kv.free(req)           # (gone before any read named it)
+                else:
+                    live[rid] = req
+        elif op < 0.8:
+            req = rnd.choice(list(live.values()))
+            req.append_output_token_ids(rnd.randrange(5000, 6000))
+            if kv.allocate_slots(req, 1) is not None:
+                req.num_computed_tokens += 1
+        else:
+            kv.free(live.pop(rnd.choice(sorted(live))))
+        if step % 7 and step != 59:       # (a read names the live requests: not every step)
+            continue
+        for req in seen:
+            for i in (0, 1):
+                want = _cached_by_key(kv, req, i)
+                for h, b in zip(req.block_hashes, want):
+                    got = pool.get_cached_block(h, [i])
+                    assert (got is None) == (b is None), (step, req.request_id, i)
+    assert any(b is not None for req in seen for b in _cached_by_key(kv, req, 1))
+
+
 def test_eagle_drops_the_last_matched_block():
     kv = KVCacheManager(config(64, full()), max_model_len=4096, scheduler_block_size=BS,
                         hash_block_size=BS, use_eagle=True)
@@ -498,9 +562,9 @@ def test_decode_fast_paths_reach_what_the_full_path_reaches(specs):
         assert len(fast_commits) * 4 < len(full_commits)
 
 
-def _reference_feed(feed, cache_events, request, hashes, keys):
+def _reference_feed(feed, cache_events, request, hashes):
     """The feed's rule, one event at a time (the oracle): a removal pops the key's hash from
-    both tables; a filing at ``at`` takes the request's hash of the block ending at
+    the table; a filing at ``at`` takes the request's hash of the block ending at
     ``at // hash_block_size`` (none: not reported), and emitted filings of one group whose
     ends are one block apart join one entry."""
     out, hbs = [], feed.hash_block_size
@@ -509,7 +573,6 @@ def _reference_feed(feed, cache_events, request, hashes, keys):
         if not e.stored:
             h = hashes.pop((e.group, e.key), None)
             if h is not None:
-                keys.pop((i, h), None)
                 out.append(("removed", i, maybe_convert_block_hash(h)))
             continue
         j = e.at // hbs - 1
@@ -517,7 +580,6 @@ def _reference_feed(feed, cache_events, request, hashes, keys):
             continue
         h = request.block_hashes[j]
         hashes[(e.group, e.key)] = h
-        keys[(i, h)] = (e.group, e.key, e.exact, e.at)
         bs = feed.config.kv_cache_groups[i].kv_cache_spec.block_size
         if out and out[-1][0] == "stored" and out[-1][1] == i and out[-1][2][-1] == e.at - bs:
             out[-1][2].append(e.at)
@@ -529,7 +591,7 @@ def _reference_feed(feed, cache_events, request, hashes, keys):
 def test_the_event_feed_goes_run_by_run_as_event_by_event():
     """VllmEvents translates a batch run by run (C-speed table updates); on random batches
     (both groups, filings and removals interleaved, keys filed twice, ends past the request's
-    hashes and off the block grid) its tables and its emitted events are the oracle's."""
+    hashes and off the block grid) its table and its emitted events are the oracle's."""
     import random
     from types import SimpleNamespace
     from vllm.distributed.kv_events import BlockRemoved
@@ -541,9 +603,9 @@ def test_the_event_feed_goes_run_by_run_as_event_by_event():
         hbs = rnd.choice([4, 16])
         req = SimpleNamespace(block_hashes=[f"h{seed}-{j}".encode() for j in
                                             range(rnd.randrange(0, 30))])
-        feed = VllmEvents(cfg, hbs, 0, emit=True)
+        feed = VllmEvents(cfg, hbs, 0)
         feed.stored = lambda request, i, ends: ("stored", i, ends)
-        hashes, keys = {}, {}
+        hashes = {}
         for _ in range(6):
             batch = []
             for _ in range(rnd.randrange(0, 40)):
@@ -557,11 +619,8 @@ def test_the_event_feed_goes_run_by_run_as_event_by_event():
             got = feed(batch, req)
             got = [("removed", e.group_idx, e.block_hashes[0]) if isinstance(e, BlockRemoved)
                    else e for e in got]
-            assert got == _reference_feed(feed, batch, req, hashes, keys), seed
+            assert got == _reference_feed(feed, batch, req, hashes), seed
             assert {(g, k): h for g, t in feed.hashes.items() for k, h in t.items()} == hashes
-            assert {(i, h): v for i, t in feed.keys.items() for h, v in t.items()} == keys
-            for (i, h), v in keys.items():
-                assert feed.cached(h, i) == v
 
 
 def test_eviction_keeps_a_recent_short_prefix_as_vllm_s_lru_does():

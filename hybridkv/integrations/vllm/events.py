@@ -17,8 +17,9 @@ LoRA and session fill vLLM's ``BlockStored`` without the adapter keeping any req
 
 A hybridkv chain block is one vLLM block (full attention); a window snapshot at ``at`` is
 reported as the window group's block ending at ``at`` (the state through it is cached).
+The adapter feeds them only with ``enable_kv_cache_events`` (else hybridkv records none: how
+vLLM's hashes find hybridkv's blocks is hash_names.py, made off the hot path).
 """
-from collections import deque
 from itertools import groupby, repeat
 from operator import attrgetter
 
@@ -31,9 +32,9 @@ from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
 
 
 STORED_GROUP, KEY = attrgetter("stored", "group"), attrgetter("key")
-AT, EXACT = attrgetter("at"), attrgetter("exact")
+AT = attrgetter("at")
 FEED_RUN_MIN = 8     # a shorter batch goes event by event (each a run of one)
-NO_KEYS = {}         # a group with no table yet: nothing to find or pop (only read or popped)
+NO_KEYS = {}         # a group with no table yet: nothing to pop (only read or popped)
 
 
 def removed_event(vllm_hash, i):
@@ -52,23 +53,18 @@ class VllmEvents:
     A block is reported under the request's ``block_hashes`` entry at its end (vLLM names a
     group block by its last ``hash_block_size`` boundary's hash), with the tokens, extra keys
     and lookahead tokens a consumer rebuilds that hash from; a block vLLM has no hash for yet
-    (its lookahead tokens not known) is not reported.  The translation tables, one per group:
-    ``hashes[group]`` hybridkv key -> the vLLM hash, so a removal names the same hash, and
-    ``keys[group index]`` vLLM hash -> (group, key, exact, at), so vLLM's hash names the block
-    cached under it (``cached``); hybridkv's keys stay internal.  Both are kept whether or not the
-    events are emitted (``emit``), under the request's own hashes: the external form an event
-    carries (``maybe_convert_block_hash``, an environment read per call) is made only for the
-    events emitted, as vLLM's block pool makes it."""
+    (its lookahead tokens not known) is not reported.  ``hashes[group]`` (hybridkv key -> the
+    vLLM hash it was reported under) lets a removal name the same hash; hybridkv's keys stay
+    internal.  The external form an event carries (``maybe_convert_block_hash``, an
+    environment read per call) is made as vLLM's block pool makes it."""
 
-    def __init__(self, kv_cache_config, hash_block_size, lookahead, emit):
+    def __init__(self, kv_cache_config, hash_block_size, lookahead):
         self.config, self.hash_block_size = kv_cache_config, hash_block_size
-        self.lookahead, self.emit = lookahead, emit
+        self.lookahead = lookahead
         self.hashes = {}        # group -> {hybridkv key: vLLM hash}
-        self.keys = {}          # group index -> {vLLM hash: (group, key, exact, at)}
 
     def clear(self):
         self.hashes.clear()
-        self.keys.clear()
 
     def vllm_hash(self, request, at):
         """The request's block hash at its block ending at ``at`` (None: not computed)."""
@@ -79,11 +75,6 @@ class VllmEvents:
         """``vllm_hash`` as a KV event names it."""
         h = self.vllm_hash(request, at)
         return None if h is None else maybe_convert_block_hash(h)
-
-    def cached(self, block_hash, group_idx):
-        """(group, key, exact, at) of the block cached under vLLM hash ``block_hash`` in group
-        ``group_idx``, or None."""
-        return self.keys.get(group_idx, NO_KEYS).get(block_hash)
 
     def __call__(self, cache_events, request):
         """vLLM's events for CacheEvents (the stored ones published for ``request``): a run
@@ -104,25 +95,13 @@ class VllmEvents:
         if not e.stored:
             h = self.hashes.get(e.group, NO_KEYS).pop(e.key, None)
             if h is not None:
-                self.keys[i].pop(h, None)
-                if self.emit:
-                    out.append(removed_event(h, i))
+                out.append(removed_event(h, i))
             return
         h = self.vllm_hash(request, e.at)
         if h is None:
             return
-        hashes, keys = self._tables(e.group, i)
-        hashes[e.key] = h
-        keys[h] = (e.group, e.key, e.exact, e.at)
-        if self.emit:
-            self._join(out, i, (e.at,))
-
-    def _tables(self, group, i):
-        """(``hashes[group]``, ``keys[i]``), made empty on the group's first filing."""
-        hashes = self.hashes.get(group)
-        if hashes is None:
-            hashes, self.keys[i] = self.hashes.setdefault(group, {}), {}
-        return hashes, self.keys[i]
+        self.hashes.setdefault(e.group, {})[e.key] = h
+        self._join(out, i, (e.at,))
 
     def _join(self, out, i, ends):
         """Emitted filings of group i ending at ``ends``: each joins the BlockStored before it
@@ -136,31 +115,23 @@ class VllmEvents:
                 out.append([i, [at]])
 
     def _removed(self, group, run, request, out):
-        """A run of one group's removals: each key's hash leaves both tables (C-speed maps)."""
+        """A run of one group's removals: each key's hash leaves the table (a C-speed map)."""
         i = group_index(group)
         hs = list(map(self.hashes.get(group, NO_KEYS).pop, map(KEY, run), repeat(None)))
-        if None in hs:
-            hs = [h for h in hs if h is not None]
-        deque(map(self.keys.get(i, NO_KEYS).pop, hs, repeat(None)), maxlen=0)
-        if self.emit:
-            out += [removed_event(h, i) for h in hs]
+        out += [removed_event(h, i) for h in hs if h is not None]
 
     def _stored(self, group, run, request, out):
         """A run of one group's filings: each under the request's hash at its end (none yet:
-        not reported); emitted, consecutive block ends join one BlockStored."""
+        not reported); consecutive block ends join one BlockStored."""
         i = group_index(group)
-        hashes, keys = self._tables(group, i)
+        hashes = self.hashes.setdefault(group, {})
         vllm_hashes, hbs = request.block_hashes, self.hash_block_size
         named = list(map(AT, run))
         if hbs > min(named) or max(named) // hbs > len(vllm_hashes):    # some not named yet
             kept = [k for k, at in enumerate(named) if 1 <= at // hbs <= len(vllm_hashes)]
             run, named = [run[k] for k in kept], [named[k] for k in kept]
-        hs = [vllm_hashes[at // hbs - 1] for at in named]
-        event_keys = list(map(KEY, run))
-        hashes.update(zip(event_keys, hs))
-        keys.update(zip(hs, zip(repeat(group), event_keys, map(EXACT, run), named)))
-        if self.emit:                      # (else the tables alone)
-            self._join(out, i, named)
+        hashes.update(zip(map(KEY, run), [vllm_hashes[at // hbs - 1] for at in named]))
+        self._join(out, i, named)
 
     def extra_keys(self, request, start, end):
         if self.lookahead:

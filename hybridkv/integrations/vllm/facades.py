@@ -196,20 +196,21 @@ class BlockPoolFacade:
 
     def get_cached_block(self, block_hash, kv_cache_group_ids):
         """The block cached under vLLM hash ``block_hash`` in each group, None unless every
-        group has one (hybridkv's index, through the events' hash table)."""
+        group has one (hybridkv's index, named by vLLM's hash: hash_names.py)."""
         out = [self._cached(block_hash, i) for i in kv_cache_group_ids]
         return None if None in out else out
 
     def _cached(self, block_hash, group_idx):
         """A window snapshot is named by its block ending at the snapshot's position."""
         m = self.manager
-        found = m.feed.cached(block_hash, group_idx)
+        found = m.names.resolve(m.cache, m.tracked.values(), block_hash)
+        g = m.layout.groups[group_idx]
+        exact = bool(g.window)                     # a window group caches snapshots
         ref = None if found is None else m.cache.cached_block(
-            "swa" if found[2] else "comp", found[0], found[1], found[2])
+            "swa" if exact else "comp", g.name, found[0], exact)
         if ref is None:
             return None
-        g = m.layout.groups[group_idx]
-        sub = (found[3] - 1) % g.window // g.block_size if found[2] else 0
+        sub = (found[1] - 1) % g.window // g.block_size if exact else 0
         block_id = sub_id(m.pages_of(m.cache.slot(ref)), sub)
         return None if block_id == NULL_BLOCK_ID else m.blocks.block(block_id)
 

@@ -33,6 +33,7 @@ from hybridkv.integrations.vllm.commits import Commits
 from hybridkv.integrations.vllm.copies import WorkerCopies
 from hybridkv.integrations.vllm.deferred import DeferredFrees
 from hybridkv.integrations.vllm.events import VllmEvents
+from hybridkv.integrations.vllm.hash_names import HashNames
 from hybridkv.integrations.vllm.facades import (BlockPoolFacade, CoordinatorFacade,
                                                 UnusedMachinery)
 from hybridkv.integrations.vllm.specs import (UnsupportedSpec, every_n, layout_from_vllm,
@@ -61,8 +62,8 @@ class KVCacheManager(UnusedMachinery):
         self.scheduler_block_size, self.hash_block_size = scheduler_block_size, hash_block_size
         self.enable_caching, self.enable_kv_cache_events = enable_caching, enable_kv_cache_events
         self.log_stats, self.use_eagle = log_stats, use_eagle
-        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens,
-                               enable_kv_cache_events)
+        self.feed = VllmEvents(kv_cache_config, hash_block_size, num_hash_lookahead_tokens) \
+            if enable_kv_cache_events else None                 # vLLM KV events, emitted
         self.prefix_cache_stats = self.new_stats() if log_stats else None
         self.layout = layout_from_vllm(kv_cache_config)
         self.every_n = every_n(kv_cache_config, self.layout, scheduler_block_size)
@@ -71,6 +72,8 @@ class KVCacheManager(UnusedMachinery):
         self.num_pages = num_pages(kv_cache_config.num_blocks)
         self.cache = self._new_cache()
         self.num_kv_cache_groups = len(self.layout.groups)
+        self.names = HashNames(hash_block_size, self.layout.granule,    # get_cached_block's
+                               4 * kv_cache_config.num_blocks + 1024)   # vLLM hash -> key
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.blocks = VllmBlocks(self.layout, self.pages_of)    # vLLM's block objects
         self.empty_kv_cache_blocks, self.null_block = self.blocks.empty, self.blocks.null_block
@@ -90,11 +93,14 @@ class KVCacheManager(UnusedMachinery):
         greedy-dual's FLOPs per byte evicts a short prefix before a long one's tip)."""
         return CacheManager(self.layout, num_pages=self.num_pages, block_pages=self.block_pages,
                             device="meta", every_n=self.every_n, resume_every=self.resume_every,
-                            events=True, policy_factory=FilteredLRUPolicy)
+                            events=self.enable_kv_cache_events,
+                            policy_factory=FilteredLRUPolicy)
 
     def _drain(self, request):
-        """vLLM's events for what the last calls for ``request`` filed / dropped (the hash
-        table is kept either way: ``cached_block`` answers from it)."""
+        """vLLM's events for what the last calls for ``request`` filed / dropped (none
+        recorded unless they are emitted)."""
+        if self.feed is None:
+            return
         cache_events = self.cache.take_events()
         if cache_events:                   # (a decode step inside a block files none)
             self.events += self.feed(cache_events, request)
@@ -325,6 +331,7 @@ class KVCacheManager(UnusedMachinery):
             track.request = request
             track.target = max(track.target, request.num_computed_tokens)
             self.commits.advance(self.cache, track, force=True)
+        self.names.leave(self.cache, track)     # (while hybridkv has its keys)
         return True
 
     def _released(self, request):
@@ -349,7 +356,9 @@ class KVCacheManager(UnusedMachinery):
         self.commits.clear()
         self.cache = self._new_cache()
         self.bad.clear()
-        self.feed.clear()
+        self.names.clear()
+        if self.feed is not None:
+            self.feed.clear()
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         if self.log_stats:

@@ -11,11 +11,12 @@ It is a naming table, not cache state: whether a block is cached under the key i
 hybridkv's index on every read (``CacheManager.cached_block``), so a name whose block was evicted
 answers None.  hybridkv files a block when a live request allocates it, so the names are made
 off the hot path: a request leaving (``leave``) hands over its two lists of names (vLLM's
-hashes, hybridkv's keys: two C-speed slices), and a read (``resolve``) first names every live
-request up to its allocated positions and folds the handed-over lists in, keeping only keys
-filed now.  Past ``limit`` names waiting or held the lists are folded and the table keeps only
-the names of blocks filed then (live requests are named again from their start at the next
-read: a name of theirs not filed yet may have gone).
+hashes, hybridkv's keys: two C-speed slices), and a read (``resolve``) that finds no name
+first names every live request up to its allocated positions and folds the handed-over lists
+in, keeping only keys filed now (a name found is right: the same hash is the same prefix).
+Past ``limit`` names waiting or held the lists are folded and the table keeps only the names
+of blocks filed then (live requests are named again from their start at the next read: a
+name of theirs not filed yet may have gone).
 """
 import math
 from itertools import compress
@@ -40,8 +41,14 @@ class HashNames:
         self.num_handed = 0
 
     def resolve(self, cache, tracks, block_hash):
-        """(chain key, position) vLLM's ``block_hash`` names, or None: every live request
-        (``tracks``: Tracked) named and the lists handed over folded in first."""
+        """(chain key, position) vLLM's ``block_hash`` names, or None.  A name once made
+        never changes (the same prefix), so one in the table answers at once; otherwise every
+        live request (``tracks``: Tracked) is named and the lists handed over are folded in
+        first (a connector asking hash after hash pays that once per miss: a scan of a
+        prefix ends at its first)."""
+        key = self.names.get(block_hash)
+        if key is not None:
+            return key, self.ends[block_hash]
         for track in tracks:
             start = self.named.get(track.request.request_id, 0)
             got = self._names(cache, track, start)

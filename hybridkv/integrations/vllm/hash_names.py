@@ -46,21 +46,21 @@ class HashNames:
         live request (``tracks``: Tracked) is named and the lists handed over are folded in
         first (a connector asking hash after hash pays that once per miss: a scan of a
         prefix ends at its first)."""
-        key = self.names.get(block_hash)
-        if key is not None:
-            return key, self.ends[block_hash]
-        for track in tracks:
-            start = self.named.get(track.request.request_id, 0)
-            got = self._names(cache, track, start)
-            if got is not None:
-                hashes, keys, first = got
-                self.names.update(zip(hashes, keys))
-                self.ends.update(zip(hashes, range(first, 1 << 62, self.every)))
-                self.named[track.request.request_id] = first + (len(keys) - 1) * self.every
-        if self.handed:
-            self._fold(cache)
+        if block_hash not in self.names:
+            self._name_live(cache, tracks)
+            if self.handed:
+                self._fold(cache)
         key = self.names.get(block_hash)
         return None if key is None else (key, self.ends[block_hash])
+
+    def _name_live(self, cache, tracks):
+        """Name every live request (``tracks``) up to its allocated positions."""
+        for track in tracks:
+            got = self._names(cache, track, self.named.get(track.request.request_id, 0))
+            if got is not None:
+                hashes, keys, first = got
+                self._add(hashes, keys, range(first, 1 << 62, self.every))
+                self.named[track.request.request_id] = first + (len(keys) - 1) * self.every
 
     def leave(self, cache, track):
         """The request is about to go (hybridkv still has its keys): its names are handed
@@ -90,6 +90,11 @@ class HashNames:
         n = min(len(keys), len(hashes))
         return (hashes[:n], keys[:n], first) if n else None
 
+    def _add(self, hashes, keys, ends):
+        """Name each of ``hashes`` (a list) by its key and block end, in order."""
+        self.names.update(zip(hashes, keys))
+        self.ends.update(zip(hashes, ends))
+
     def _fold(self, cache):
         """The handed-over names of keys filed now join the table; past ``limit`` the table
         keeps only names of keys filed now (live requests named again at the next read)."""
@@ -100,9 +105,8 @@ class HashNames:
             self.named.clear()
         for hashes, keys, first in self.handed:
             kept = list(map(filed.__contains__, keys))
-            kept_hashes = list(compress(hashes, kept))
-            names.update(zip(kept_hashes, compress(keys, kept)))
-            self.ends.update(zip(kept_hashes, compress(range(first, 1 << 62, every), kept)))
+            self._add(list(compress(hashes, kept)), compress(keys, kept),
+                      compress(range(first, 1 << 62, every), kept))
         self.handed.clear()
         self.num_handed = 0
         self.limit = max(self.limit, 2 * len(names))

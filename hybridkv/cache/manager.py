@@ -828,6 +828,11 @@ class CacheManager:
         and ``cached_block`` name blocks by), as far as its known tokens go; reads only."""
         return self._request(request_id).chain_keys[first:stop:step]
 
+    def known_tokens(self, request_id):
+        """How many of the request's token ids hybridkv holds (its prompt from the lookup,
+        then what commits added): a commit inside them needs no ids (reads only)."""
+        return self._request(request_id).known_tokens
+
     def filed_keys(self):
         """Every chain key some block (a chain block or a snapshot, any pool) is filed under
         now, as a new set (reads only)."""

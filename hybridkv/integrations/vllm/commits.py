@@ -107,9 +107,14 @@ class Commits:
         return None
 
     def _commit(self, cache, track, stop, basis):
+        """Commit up to ``stop``: the ids of positions hybridkv does not hold yet go with it
+        (within its known ids -- a prompt the lookup gave it -- none: the lookup's ids are the
+        very translation ``token_ids`` would make again, and ``commit`` would only compare
+        them to its own)."""
         start, rid = track.committed, track.request.request_id
         slide = min(basis, stop)
-        ids = token_ids(track.request, start, stop, track.hash_block_size)
+        ids = None if stop <= cache.known_tokens(rid) else \
+            token_ids(track.request, start, stop, track.hash_block_size)
         self.copies.captured(cache.commit(rid, stop - start, ids, slide))
         track.committed, track.settled = stop, max(track.settled, slide)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from hybridkv.integrations.vllm.block_ids import NULL_BLOCK_ID, sub_id
 from hybridkv.layout import ceil_div
+from vllm.v1.metrics.stats import PrefixCacheStats
 
 
 class UnusedMachinery:
@@ -23,7 +24,6 @@ class UnusedMachinery:
 
     @staticmethod
     def new_stats():
-        from vllm.v1.metrics.stats import PrefixCacheStats
         return PrefixCacheStats()
 
     def make_prefix_cache_stats(self):

@@ -1,12 +1,14 @@
 """A looked-up request asked again (an engine re-asks a waiting request every step) reuses the
 chain keys of the prefix it already hashed: the plan and the keys are those a fresh lookup
 computes, and nothing is reused across a changed token or another tenant's salt."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.cache.funnel import candidate_positions
 from hybridkv.cache.index import extend_chain, root_key
-from tests.cache.helpers import LAY, P40, mk, run
+from hybridkv.errors import BadTokens, UnknownRequest
+from tests.cache.helpers import LAY, P40, commit_all, commit_tokens, mk, run
 
 
 def fresh_keys(tokens, salt=b""):
@@ -182,3 +184,23 @@ def test_checked_tokens_words_are_its_ids_packed_and_hash_as_the_ids(chunks, gra
         half = extend_chain([], root, ids[:len(ids) // 2], granule)
         assert extend_chain(list(half), root, ids, granule, source.words) == \
             extend_chain([], root, ids, granule)
+
+
+def test_known_tokens_are_the_looked_up_prompt_then_the_ids_commits_add():
+    """``known_tokens``: a commit inside them needs no ids (the vLLM adapter passes none
+    there); past them it must bring the ids, and they extend the count."""
+    m = mk()
+    m.lookup("a", P40)
+    assert m.known_tokens("a") == len(P40)
+    commit_all(m, "a", m.allocate("a", len(P40)))          # the prompt: no ids passed
+    assert m.known_tokens("a") == len(P40)
+    m.allocate("a", 2)
+    with pytest.raises(BadTokens):                          # past them: ids needed
+        m.commit("a", 2)
+    assert m.known_tokens("a") == len(P40)
+    m.commit("a", 2, [5, 6])
+    assert m.known_tokens("a") == len(P40) + 2
+    commit_tokens(m, "a", [9])
+    assert m.known_tokens("a") == len(P40) + 3
+    with pytest.raises(UnknownRequest):
+        m.known_tokens("nobody")

@@ -396,7 +396,26 @@ class CacheManager:
         if end <= req.fast_end and not num_draft_tokens:    # held blocks cover it (decode)
             req.num_allocated_tokens = end
             return Allocation(start, end, end, (), req.tables, 0)
+        if end <= req.reach_end and not num_draft_tokens:   # window sub-pages alone
+            return self._reach(req, start, end)
         return self._allocate(req, end, end + num_draft_tokens)
+
+    def _reach(self, req, start, end):
+        """``_allocate`` of a running request's allocation that needs no block and crosses no
+        checkpoint (``ObjectWriter.horizon``'s ``reach_end``): the same admission of the
+        window sub-pages it reaches (nothing of a hit to hold back, no snapshot to fit), the
+        same room made, the writer's sub-page reach (all ``write`` does there)."""
+        subs, none = self.subpages.count(req, end, end), {}
+        if not self.admission.fits(none, none, subs):
+            held = self._abandon_pending(none, NO_READS, none, subs)
+            self.admission.check(none, held, subs)
+        self.admission.make_room(none, subs)
+        self.writer.copies = []
+        self.writer.reach(req, end)
+        req.num_allocated_tokens = end
+        req.num_draft_tokens = 0
+        self.writer.horizon(req)
+        return Allocation(start, end, end, (), req.tables, 0, ())
 
     # -- 3. what a launch reads --------------------------------------------------------------
     @locked

@@ -176,6 +176,7 @@ class Request:
     drafts: list = field(default_factory=list)     # Owned draft-only chain blocks and pages
     seq: int = 0                                   # tie-break for the heap
     fast_end: int = -1        # allocations ending at or before: no block, no checkpoint
+    reach_end: int = -1       # ... and nothing but window sub-pages (CacheManager._reach)
     next_event: int = -1      # first commit end that seals, captures, publishes or slides
 
     @property

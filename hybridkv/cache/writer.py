@@ -72,17 +72,19 @@ class ObjectWriter:
 
     def horizon(self, req):
         """Positions up to which the next allocations and commits are pure bookkeeping:
-        ``fast_end`` (an allocation ending there needs no block and crosses no checkpoint)
-        and ``next_event`` (the first commit end that seals, captures, publishes or slides)."""
-        A, fast, event = req.num_allocated_tokens, 1 << 62, 1 << 62
+        ``fast_end`` (an allocation ending there needs no block and crosses no checkpoint),
+        ``reach_end`` (one ending there needs no block and crosses no checkpoint, at most
+        window sub-pages: ``CacheManager._reach``) and ``next_event`` (the first commit end
+        that seals, captures, publishes or slides)."""
+        A, blocks, reached, event = req.num_allocated_tokens, 1 << 62, 1 << 62, 1 << 62
         for g, chains, window, _ in self._shape:
             tables = req.tables[g.name]
             for kind in chains:
-                fast = min(fast, len(tables.chain(kind)) * g.block_size)
+                blocks = min(blocks, len(tables.chain(kind)) * g.block_size)
             if window:
                 work = req.work[g.name]
-                fast = min(fast, len(tables.swa) * window,
-                           self.subpages.reached_end(g.name, A))
+                blocks = min(blocks, len(tables.swa) * window)
+                reached = min(reached, self.subpages.reached_end(g.name, A))
                 event = min(event, self.subpages.next_slide(req, g.name))
                 if work.pages:
                     event = min(event, g.slide_at((work.first_page + 1) * window))
@@ -93,8 +95,15 @@ class ObjectWriter:
             event = min(event, req.pending_points[0])
         if req.unpublished:
             event = min(event, req.unpublished[0][0])
-        req.fast_end = min(fast, self.snapshots.next_point(req, A) - 1)
+        req.reach_end = min(blocks, self.snapshots.next_point(req, A) - 1)
+        req.fast_end = min(req.reach_end, reached)
         req.next_event = event
+
+    def reach(self, req, end):
+        """``write`` of an allocation up to ``end`` within ``reach_end``: no chain block, no
+        window page, no draft; the window groups' sub-pages of the new positions."""
+        for name in self.subpages.multi:
+            self.subpages.reach_past(req, name, end)
 
     # -- a hit's start ------------------------------------------------------------------------
     def begin(self, req):

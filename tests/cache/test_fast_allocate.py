@@ -1,5 +1,6 @@
-"""The allocation fast path (``CacheManager.allocate`` up to ``fast_end``: no block, no
-checkpoint) against the full path on every call.
+"""The allocation fast paths (``CacheManager.allocate`` up to ``fast_end``: no block, no
+checkpoint; up to ``reach_end``: window sub-pages alone, ``_reach``) against the full path on
+every call.
 
 ``ObjectWriter.horizon`` sets ``fast_end`` below the next position where an allocation could
 need a block, a sub-page or a snapshot (``Snapshots.next_point``: inside the prompt the next
@@ -17,25 +18,30 @@ from hypothesis import strategies as st
 
 from hybridkv.cache import CacheManager
 from hybridkv.errors import CacheError
-from hybridkv.layout import ModelLayout
+from hybridkv.layout import LayerGroup, ModelLayout
 from tests.cache.helpers import LAY, commit_all
 from tests.cache.test_evict_runs import state
 
+PAGES = ModelLayout([LayerGroup("g0", "full", (0,), 8, 0, head_dim=1),     # a window page
+                     LayerGroup("g1", "swa", (1,), 4, 12, head_dim=1)],    # of 3 sub-pages
+                    name="pages")                                          # (the vLLM adapter's)
 LAYOUTS = {"v4-mini": LAY, "full+swa": ModelLayout.full(block_size=4, window=8),
-           "full": ModelLayout.full(block_size=4)}
+           "full": ModelLayout.full(block_size=4), "pages": PAGES}
 PREFIXES = [[(5 * i + 1) % 200 for i in range(60)], [(3 * i + 7) % 200 for i in range(60)]]
 STRIDES = {"granule": None, "long": 16}
 
 
 def manager(layout, resume_every, every_n, fast=True):
-    m = CacheManager(layout, num_blocks=64, device="meta", checked=True, events=True,
-                     resume_every=resume_every, every_n=every_n)
+    size = dict(num_pages=120, block_pages={("swa", "g1"): 3}) if layout is PAGES else \
+        dict(num_blocks=64)
+    m = CacheManager(layout, device="meta", checked=True, events=True,
+                     resume_every=resume_every, every_n=every_n, **size)
     if not fast:
         horizon = m.writer.horizon
 
         def never_fast(req):
             horizon(req)
-            req.fast_end = -1
+            req.fast_end = req.reach_end = -1
         m.writer.horizon = never_fast
     return m
 
@@ -116,6 +122,44 @@ def test_seeded_a_horizon_past_the_provisional_end_is_found():
     full = manager(lay, 8, 0, fast=False)
     parted = False
     for call in [("serve", 0, 0, 13, 0), ("decode", 0, 0, 0, 24)]:
+        play(seeded, *call), play(full, *call)
+        parted = parted or state(seeded) != state(full)
+    assert parted
+
+
+def test_a_decode_reaching_a_window_sub_page_takes_the_reach_path():
+    """Chain blocks of 8 tokens, a window page of 12 in 3 sub-pages of 4, a stride of 16:
+    from position 21 on a decode takes the full path for a chain block (at 24, 32, 40), a
+    window page (at 36) or the stride point (32: its window snapshot), and ``_reach`` where
+    it needs only the next sub-page (at 28 and 44); every other step is bookkeeping."""
+    m = manager(PAGES, 16, 0)
+    full_calls, reach_calls = [], []
+    full_path, reach_path = m._allocate, m._reach
+
+    def counted_full(req, end, draft_end):
+        full_calls.append(end)
+        return full_path(req, end, draft_end)
+
+    def counted_reach(req, start, end):
+        reach_calls.append(end)
+        return reach_path(req, start, end)
+    m._allocate, m._reach = counted_full, counted_reach
+    play(m, "serve", 0, 0, 21, 0)
+    del full_calls[:], reach_calls[:]
+    play(m, "decode", 0, 0, 0, 24)                   # positions 21..44
+    assert full_calls == [25, 32, 33, 37, 41]
+    assert reach_calls == [29, 45]
+    m.check_invariants()
+
+
+def test_seeded_a_reach_path_that_reaches_nothing_is_found():
+    """A reach path that takes no sub-page leaves the arena's pages as they were: the
+    states part."""
+    seeded = manager(PAGES, 16, 0)
+    seeded.writer.reach = lambda req, end: None
+    full = manager(PAGES, 16, 0, fast=False)
+    parted = False
+    for call in [("serve", 0, 0, 21, 0), ("decode", 0, 0, 0, 24)]:
         play(seeded, *call), play(full, *call)
         parted = parted or state(seeded) != state(full)
     assert parted

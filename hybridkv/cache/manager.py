@@ -410,7 +410,6 @@ class CacheManager:
             held = self._abandon_pending(none, NO_READS, none, subs)
             self.admission.check(none, held, subs)
         self.admission.make_room(none, subs)
-        self.writer.copies = []
         self.writer.reach(req, end)
         req.num_allocated_tokens = end
         req.num_draft_tokens = 0

@@ -113,18 +113,24 @@ def test_a_decode_past_the_prompt_skips_the_full_path_between_strides(window, fu
     assert [cp for _, _, cp in steps if cp] == ([(32,)] if window else [])
 
 
+def parts_from_the_full_path(seeded, layout, resume_every, calls):
+    """Whether ``seeded`` (a manager with a bug planted) and the full path reach different
+    states somewhere along ``calls``."""
+    full = manager(layout, resume_every, 0, fast=False)
+    parted = False
+    for call in calls:
+        play(seeded, *call), play(full, *call)
+        parted = parted or state(seeded) != state(full)
+    return parted
+
+
 def test_seeded_a_horizon_past_the_provisional_end_is_found():
     """A fast path that ignores ``resume_every`` decodes across 16 and 32 without writing
     their provisional-end snapshots: the states part."""
-    lay = LAYOUTS["v4-mini"]
-    seeded = manager(lay, 8, 0)
+    seeded = manager(LAYOUTS["v4-mini"], 8, 0)
     seeded.snapshots.next_point = lambda req, A: 1 << 62
-    full = manager(lay, 8, 0, fast=False)
-    parted = False
-    for call in [("serve", 0, 0, 13, 0), ("decode", 0, 0, 0, 24)]:
-        play(seeded, *call), play(full, *call)
-        parted = parted or state(seeded) != state(full)
-    assert parted
+    assert parts_from_the_full_path(seeded, LAYOUTS["v4-mini"], 8,
+                                    [("serve", 0, 0, 13, 0), ("decode", 0, 0, 0, 24)])
 
 
 def test_a_decode_reaching_a_window_sub_page_takes_the_reach_path():
@@ -157,9 +163,5 @@ def test_seeded_a_reach_path_that_reaches_nothing_is_found():
     states part."""
     seeded = manager(PAGES, 16, 0)
     seeded.writer.reach = lambda req, end: None
-    full = manager(PAGES, 16, 0, fast=False)
-    parted = False
-    for call in [("serve", 0, 0, 21, 0), ("decode", 0, 0, 0, 24)]:
-        play(seeded, *call), play(full, *call)
-        parted = parted or state(seeded) != state(full)
-    assert parted
+    assert parts_from_the_full_path(seeded, PAGES, 16,
+                                    [("serve", 0, 0, 21, 0), ("decode", 0, 0, 0, 24)])

@@ -288,9 +288,7 @@ class CacheManager:
         held = self.admission.held_back(protect)         # the hit's blocks, counted once
         need = self.writer.blocks_needed(req, end, draft_end)
         subs = self.subpages.count(req, end, draft_end)
-        if not self.admission.fits(need, held, subs):    # O(pools): before any per-block work
-            held = self._abandon_pending(need, protect, held, subs)
-            self.admission.check(need, held, subs)       # refuses what still does not fit
+        held = self._admit(need, subs, protect, held)   # O(pools): before any per-block work
         points, need, subs = self._points_that_fit(req, start, end, draft_end, need, subs,
                                                    held)
         restored, self.writer.copies = self.writer.restored_bytes, []
@@ -306,6 +304,16 @@ class CacheManager:
         self.writer.horizon(req)
         return Allocation(start, end, draft_end, tuple(points), req.tables,
                           self.writer.restored_bytes - restored, tuple(self.writer.copies))
+
+    def _admit(self, need, subs, protect, held):
+        """Admission of an allocation's ``need`` and ``subs`` beside the ``protect``ed reads
+        (holding back ``held``): refused (AdmissionRefused, nothing changed) unless it fits,
+        with pending snapshots abandoned first where that makes it fit.  Returns ``held``
+        as it is afterwards."""
+        if not self.admission.fits(need, held, subs):
+            held = self._abandon_pending(need, protect, held, subs)
+            self.admission.check(need, held, subs)       # refuses what still does not fit
+        return held
 
     def _abandon_pending(self, need, protect, held, subs):
         """An allocation short of room takes it from points written and not captured yet
@@ -406,9 +414,7 @@ class CacheManager:
         window sub-pages it reaches (nothing of a hit to hold back, no snapshot to fit), the
         same room made, the writer's sub-page reach (all ``write`` does there)."""
         subs, none = self.subpages.count(req, end, end), {}
-        if not self.admission.fits(none, none, subs):
-            held = self._abandon_pending(none, NO_READS, none, subs)
-            self.admission.check(none, held, subs)
+        self._admit(none, subs, NO_READS, none)
         self.admission.make_room(none, subs)
         self.writer.reach(req, end)
         req.num_allocated_tokens = end

@@ -20,6 +20,8 @@ raises a named error from hybridkv.errors and changes nothing; so does Admission
 ``num_pages=N`` (instead of ``num_blocks``) draws every pool's blocks from one arena of N equal
 pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind;
 ``block_pages`` gives a pool's blocks k pages each (``slot_pages`` lists them).
+``forks=True`` also retains a checkpoint where a prompt parts from the prompts admitted before
+it (hybridkv.cache.branches): the next prompt of that family resumes there.
 ``events=True`` records a CacheEvent for every block filed in / taken out of the prefix index
 (``take_events`` drains them: an engine's KV events).
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
@@ -32,6 +34,7 @@ import threading
 from hybridkv.cache.admission import Admission
 from hybridkv.cache.arena import Arena
 from hybridkv.cache.arena_pool import ArenaPool
+from hybridkv.cache.branches import SeenPrefixes
 from hybridkv.cache.checked import Checker, locked
 from hybridkv.cache.eviction import Evictor
 from hybridkv.cache.funnel import HitPlan, Read, run_funnel
@@ -107,7 +110,7 @@ class CacheManager:
                  max_ep=NO_LIMIT, max_iv=NO_LIMIT, vocab=None, metrics=None,
                  spill_kinds=("comp", "tail", "swa", "idx"), spill_on_evict=True,
                  check_every=64, num_pages=None, events=False, block_pages=None,
-                 resume_every=None):
+                 resume_every=None, forks=False):
         if not isinstance(layout, ModelLayout):
             raise LayoutError("layout must be a hybridkv.ModelLayout", layout)
         if num_pages is not None:
@@ -128,6 +131,8 @@ class CacheManager:
         for pk, n in sizes.items():
             check_count(f"num_blocks[{pk}]", n, 1)
         check_count("every_n", every_n)
+        if not isinstance(forks, bool):
+            raise BadArgument("forks must be a bool", forks)
         if every_n % layout.granule:
             raise BadArgument("every_n must be a multiple of the hash granule",
                               (every_n, layout.granule))
@@ -162,6 +167,7 @@ class CacheManager:
                                    every_n, resume_every)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
                                    self.subpages)
+        self.seen = SeenPrefixes() if forks else None   # where a new prompt forks (branches)
         self.events = [] if events else None           # CacheEvent feed (take_events)
         self.writer.events = self.evictor.events = self.events
         self.requests = {}
@@ -284,6 +290,9 @@ class CacheManager:
         start = req.plan.reuse_tokens if first else req.num_allocated_tokens
         if first:
             self._check_plan(req)
+            if self.seen is not None:
+                req.shared_tokens = self.seen.shared(req.chain_keys, len(req.chain_keys)) * \
+                    self.layout.granule
         protect = req.plan.reads if first else NO_READS
         held = self.admission.held_back(protect)         # the hit's blocks, counted once
         need = self.writer.blocks_needed(req, end, draft_end)
@@ -294,6 +303,8 @@ class CacheManager:
         restored, self.writer.copies = self.writer.restored_bytes, []
         if first:
             self._take_plan(req)
+            if self.seen is not None:
+                self.seen.remember(req.chain_keys)
         self.admission.make_room(need, subs)
         if first:
             self.writer.begin(req)

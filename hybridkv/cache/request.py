@@ -169,7 +169,7 @@ class Request:
     unpublished: list = field(default_factory=list)  # heap (at, exact, seq, Owned): keys unknown
     private: list = field(default_factory=list)    # Owned copies whose key another block holds
     snapshots: dict = field(default_factory=dict)  # P -> [Owned] exact objects at P
-    snapshot_tags: dict = field(default_factory=dict)   # P -> {"branch","every","end","repeat"}
+    snapshot_tags: dict = field(default_factory=dict)   # P -> {"branch","fork","every",...}
     pending_points: list = field(default_factory=list)  # P written, not yet captured (sorted)
     sealed_points: list = field(default_factory=list)   # P captured (complete), in order
     to_publish: dict = field(default_factory=dict)      # P -> exact objects left to publish
@@ -178,6 +178,7 @@ class Request:
     fast_end: int = -1        # allocations ending at or before: no block, no checkpoint
     reach_end: int = -1       # ... and nothing but window sub-pages (CacheManager._reach)
     next_event: int = -1      # first commit end that seals, captures, publishes or slides
+    shared_tokens: int = 0    # prompt tokens an earlier admitted prompt shares (SeenPrefixes)
 
     @property
     def known_tokens(self):

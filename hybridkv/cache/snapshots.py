@@ -7,8 +7,10 @@ window pages still hold until the commit's slide); otherwise the working objects
 later state and P's objects are released.
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
-extends), the prompt's last aligned position before its last token (``repeat``: an identical
-prompt resumes there), the end of every allocation rounded down to ``resume_every`` (``end``:
+extends), with ``CacheManager(forks=True)`` the fork (where its prompt parts from the prompts
+admitted before it, ``SeenPrefixes``: inside a compressed block no request has cached), the
+prompt's last aligned position before its last token (``repeat``: an identical prompt resumes
+there), the end of every allocation rounded down to ``resume_every`` (``end``:
 provisional; superseded by the next end, the last one stays when the request is freed; an
 allocation that reaches no new multiple of ``resume_every`` writes none), and every ``every_n``
 tokens.
@@ -29,7 +31,7 @@ from hybridkv.cache.request import Owned, SlotCopy
 from hybridkv.cache.subpages import NEVER
 from hybridkv.errors import InvariantViolation
 
-SEMANTIC = frozenset({"branch", "repeat", "boundary"})
+SEMANTIC = frozenset({"branch", "fork", "repeat", "boundary"})
 RETAINED = SEMANTIC | {"every"}
 
 
@@ -59,6 +61,8 @@ class Snapshots:
                 pts.setdefault(P, set()).add(tag)
         if req.plan.branch < req.prompt_len:
             add(req.plan.branch, "branch")
+        if req.plan.branch < req.shared_tokens < req.prompt_len:
+            add(req.shared_tokens, "fork")
         add(end - end % self.resume_every, "end")
         add((req.prompt_len - 1) // gran * gran, "repeat")
         if self.resume_every > gran:

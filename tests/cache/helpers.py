@@ -66,7 +66,7 @@ def fingerprint(m):
               for pk, p in ev.policies.items()})
     reqs = {r: (q.phase, q.num_computed_tokens, q.num_allocated_tokens, q.num_draft_tokens,
                 tuple(q.reads), tuple(q.token_ids)) for r, q in m.requests.items()}
-    return pools, index, evict, reqs, m.miv
+    return pools, index, evict, reqs, m.miv, tuple(m.seen.keys) if m.seen else ()
 
 
 class UnkeptCounting(FilteredLRUPolicy):

@@ -1,0 +1,49 @@
+"""Where prompts branch: the chain keys (one per hash granule) of prompts admitted lately, so a
+new prompt learns how far it shares tokens with an earlier one even where no block holds them.
+
+The funnel's branch point is the end of the cached compressed chain a request extends: it sees
+a shared prefix only in whole chain blocks that are still cached.  A prompt that shares 64
+tokens with an earlier one, under 128-token compressed blocks (v4-mini under a 16-token hash
+granule), extends no cached block, so neither request retains a checkpoint where their prompts
+part, and the third prompt of the family misses what a 16-token-block LRU hits.  Marconi's
+radix tree knows that branch point from the tokens alone; ``SeenPrefixes`` is that knowledge at
+granule precision, salted as the chain keys are (a tenant's keys never match another's).
+
+It is a retention hint, never a source of state: a request reads nothing through it, and a key
+forgotten (the table keeps the ``max_keys`` most recently admitted, least recent dropped first)
+costs at most a branch snapshot not written.  A request is remembered when its first
+allocation is admitted, never at lookup: an engine re-asks a waiting request every step, and
+its own keys must not make it a branch of itself.
+"""
+from itertools import islice, takewhile
+
+DEFAULT_MAX_KEYS = 1 << 16      # about 6 MB of key references at 100 bytes each
+
+
+class SeenPrefixes:
+    def __init__(self, max_keys=DEFAULT_MAX_KEYS):
+        self.max_keys = max_keys
+        self.keys = {}                  # chain key -> None, least recently admitted first
+
+    def shared(self, chain_keys, limit):
+        """How many of the first ``limit`` of ``chain_keys`` an admitted prompt had: the
+        granules, from the start, some earlier prompt shares (reads only)."""
+        return sum(1 for _ in takewhile(self.keys.__contains__, islice(chain_keys, limit)))
+
+    def remember(self, chain_keys):
+        """An admitted prompt's chain keys become the most recent; the least recent beyond
+        ``max_keys`` are forgotten."""
+        keys = self.keys
+        for key in chain_keys:
+            keys.pop(key, None)
+            keys[key] = None
+        excess = len(keys) - self.max_keys
+        if excess > 0:
+            for key in list(islice(keys, excess)):
+                del keys[key]
+
+    def clear(self):
+        self.keys.clear()
+
+    def __len__(self):
+        return len(self.keys)

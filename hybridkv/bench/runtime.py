@@ -14,7 +14,9 @@ Layouts (`runtime_layout`): ``full`` = ``ModelLayout.full(block_size=P)`` (one d
 W = 128 and m' = 128; the trace vocabulary).  Pools live on ``device="meta"``: bookkeeping only.
 The page P (`page_tokens`) is the trace's block tokens (512 on Mooncake), so a hit keeps every
 whole trace block it covers; v4-mini rounds it up to a multiple of m' = 128 (an HCA block must
-hold whole compressed entries).
+hold whole compressed entries); where the trace's block divides that page its window group
+keeps the trace's block, so the hash granule (the GCD of the blocks) is the trace's block: a
+hit resumes at any whole trace block where a checkpoint holds the open compressed blocks.
 
 Memory (bench.sizing): one byte budget, `capacity_blocks` x the layout's chain bytes per 512
 tokens, drawn as one block arena of equal pages (``arena=True``, ``--memory arena``:
@@ -61,13 +63,19 @@ class RuntimeLayoutError(ValueError):
         self.value = value
 
 
-def runtime_layout(name: str, page_tokens: int = PAGE_TOKENS, vocab: int = DEFAULT_VOCAB):
-    """The `hk.ModelLayout` a bench layout name replays through."""
+def runtime_layout(name: str, page_tokens: int = PAGE_TOKENS, vocab: int = DEFAULT_VOCAB,
+                   block_tokens: int | None = None):
+    """The `hk.ModelLayout` a bench layout name replays through.  ``block_tokens``: the
+    trace's block, v4-mini's window group's (its hash granule) where it divides the page."""
     if name == "full":
         return ModelLayout.full(block_size=page_tokens, vocab=vocab)
     if name == "v4-mini":
-        return ModelLayout.v4_mini(block_size=page_tokens, window=128, hca_ratio=128,
-                                      vocab=vocab)
+        layout = ModelLayout.v4_mini(block_size=page_tokens, window=128, hca_ratio=128,
+                                     vocab=vocab)
+        if block_tokens is None or page_tokens % block_tokens or block_tokens == page_tokens:
+            return layout
+        return ModelLayout([g._replace(block_size=block_tokens) if g.kind == "swa" else g
+                            for g in layout.groups], name=layout.name, vocab=vocab)
     raise RuntimeLayoutError(name)
 
 
@@ -83,7 +91,8 @@ class RuntimeManager:
                  snapshot_fraction: float | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, policy_factory: Callable | None = None,
                  vocab: int = DEFAULT_VOCAB, hints: bool = True, checked: bool = False,
-                 block_tokens: int = PAGE_TOKENS, arena: bool | None = None):
+                 block_tokens: int = PAGE_TOKENS, arena: bool | None = None,
+                 forks: bool | None = None):
         self.page_tokens = page_tokens(layout_name, block_tokens)
         defaults = tuned(layout_name, capacity_blocks,
                          max_tokens if mean_tokens is None else mean_tokens, self.page_tokens)
@@ -91,7 +100,7 @@ class RuntimeManager:
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         self.hints = hints
-        self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab)
+        self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab, block_tokens)
         paged = arena_layout(self.rlayout)
         if arena is None:                     # the arena where its pages pad nothing
             arena = not any(paged.page_padding().values())
@@ -113,7 +122,8 @@ class RuntimeManager:
                                              defaults["checkpoints_per_chain"])
             memory = {"num_blocks": self.sizing.sizes}
         self.mgr = CacheManager(self.rlayout, **memory, device="meta", every_n=every_n,
-                                policy_factory=policy_factory, checked=checked)
+                                policy_factory=policy_factory, checked=checked,
+                                forks=defaults["forks"] if forks is None else forks)
         self.vocab = vocab
         self.ids = itertools.count()
         self.refused = 0
@@ -153,7 +163,8 @@ class RuntimeManager:
         out = {"layout": repr(self.rlayout), "device": str(self.mgr.device),
                "page_tokens": self.page_tokens,
                "block_tokens": {g.name: g.block_size for g in self.rlayout.groups},
-               "every_n": self.mgr.snapshots.every_n, "chunk_tokens": self.chunk_tokens,
+               "every_n": self.mgr.snapshots.every_n, "forks": self.mgr.seen is not None,
+               "chunk_tokens": self.chunk_tokens,
                "arena": self.mgr.stats()["arena"] if self.uses_arena else None,
                "snapshot_fraction": self.snapshot_fraction,
                "checkpoints_per_chain": self.checkpoints_per_chain, "policy": self.policy_name,

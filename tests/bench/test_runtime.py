@@ -82,7 +82,8 @@ def test_hints_off_still_hits():
 def test_block_tokens_with_partial_last_blocks(block):
     """Hash ids of `block`-token blocks, lengths not a multiple of it: B repeats all of A's
     whole ids (>= 1056 tokens), then goes its own way; B reuses the shared tokens that fill
-    whole pages of A: `block`-token pages in full, pages of a multiple of 128 in v4-mini."""
+    whole granules of A: `block`-token pages in full, in v4-mini the trace's block where it
+    divides the page (a multiple of 128: A's repeat point), else the page."""
     n_a, n_b = -(-1100 // block), -(-1500 // block)
     a = (1100, tuple(range(n_a)))
     b = (1500, tuple(range(n_a - 1)) + tuple(10_000 + i for i in range(n_b - n_a + 1)))
@@ -95,7 +96,9 @@ def test_block_tokens_with_partial_last_blocks(block):
         m = RuntimeManager(layout, 100, 1500, block_tokens=block)
         r = replay(tr, m, FULL)
         assert m.describe()["page_tokens"] == page
-        assert (r.hit_tokens, r.total_tokens) == (shared // page * page, 2600), (layout, block)
+        granule = block if page % block == 0 else page     # (the hash granule, runtime_layout)
+        assert (r.hit_tokens, r.total_tokens) == (shared // granule * granule, 2600), \
+            (layout, block)
 
 
 @pytest.mark.parametrize("block", [16, 32])
@@ -140,6 +143,29 @@ def test_ours_on_the_arena_beats_lru_at_small_blocks():
     assert arena["runtime"]["arena"]["padding_waste"]["held"] > 0.2
     assert arena["runtime"]["refused"] == fixed["runtime"]["refused"] == 0
     assert fixed["ours"]["hit_rate"] > arena["ours"]["hit_rate"] > arena["lru"]["hit_rate"] > 0
+
+
+@pytest.mark.parametrize("arena", [True, False])
+def test_v4_mini_resumes_at_the_trace_s_small_blocks(arena):
+    """On a 16-token-block trace v4-mini's compressed blocks stay at 128 tokens (whole HCA
+    entries) and its window group at 16: the hash granule is the trace's block.  B parts from
+    A at 48 tokens, inside the first compressed block; C shares 64 with B: it resumes at B's
+    fork, 48 (``forks``: SeenPrefixes), where without forks it resumes nowhere.  A 48-token
+    block does not divide the page: the layout keeps one granule, the page."""
+    assert runtime_layout("v4-mini", 128, block_tokens=16).granule == 16
+    assert runtime_layout("v4-mini", 128).granule == 128
+    assert runtime_layout("v4-mini", 128, block_tokens=48).granule == 128
+    tr = _trace([(100, (0, 1, 2, 3, 4, 5, 6)), (100, (0, 1, 2, 7, 8, 9, 10)),
+                 (100, (0, 1, 2, 7, 11, 12, 13))], block=16)
+    got = {}
+    for forks in (True, False):
+        m = RuntimeManager("v4-mini", 100, 100, checked=True, arena=arena, block_tokens=16,
+                           forks=forks)
+        assert {g.name: g.block_size for g in m.rlayout.groups}["swa"] == 16
+        got[forks] = [m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests]
+        m.mgr.check_invariants()
+        assert m.describe()["forks"] is forks
+    assert got == {True: [0, 0, 48], False: [0, 0, 0]}
 
 
 @pytest.mark.parametrize("cap", [100, 2000, 50000])
@@ -197,7 +223,7 @@ def test_cli_json_is_one_object_and_block_tokens(tmp_path, capsys):
     assert rc == 0 and out.count("\n") == 1
     r = json.loads(out)
     assert r["block_tokens"] == 16 and r["requests"] == 2 and r["layout"] == "v4-mini"
-    assert r["ours"]["hit_tokens"] == 1024 and r["ours"]["total_tokens"] == 2208
+    assert r["ours"]["hit_tokens"] == 1088 and r["ours"]["total_tokens"] == 2208   # 68 ids
     assert {"hit_rate", "ops_per_s", "requests_per_s", "latency_us"} <= set(r["ours"])
     assert r["runtime"]["device"] == "meta" and r["runtime"]["refused"] == 0
     assert r["runtime"]["hints"] is True

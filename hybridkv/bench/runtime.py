@@ -94,13 +94,14 @@ class RuntimeManager:
                  block_tokens: int = PAGE_TOKENS, arena: bool | None = None,
                  forks: bool | None = None):
         self.page_tokens = page_tokens(layout_name, block_tokens)
+        self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab, block_tokens)
         defaults = tuned(layout_name, capacity_blocks,
-                         max_tokens if mean_tokens is None else mean_tokens, self.page_tokens)
+                         max_tokens if mean_tokens is None else mean_tokens, self.page_tokens,
+                         self.rlayout.granule)
         every_n = defaults["every_n"] if every_n is None else every_n
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         self.hints = hints
-        self.rlayout = runtime_layout(layout_name, self.page_tokens, vocab, block_tokens)
         paged = arena_layout(self.rlayout)
         if arena is None:                     # the arena where its pages pad nothing
             arena = not any(paged.page_padding().values())

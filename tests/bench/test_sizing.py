@@ -4,7 +4,7 @@ import pytest
 
 from hybridkv.bench.runtime import RuntimeManager, runtime_layout
 from hybridkv.bench.sizing import (arena_layout, arena_sizing, byte_budget, runtime_pool_sizes,
-                                   working_floor)
+                                   tuned, working_floor)
 
 
 def _chain_bytes_per_512(rl, padded):
@@ -57,3 +57,19 @@ def test_memory_default_is_the_arena_where_it_pads_nothing():
     assert RuntimeManager("full", 100, 1300, arena=False).mgr.arena is None
     with pytest.raises(ValueError, match="fixed split"):
         RuntimeManager("v4-mini", 100, 1300, arena=True, snapshot_fraction=0.2)
+
+
+@pytest.mark.parametrize("granule, capacity, want", [
+    (None, 100_000, (1024, True)),         # dense: every 1024 tokens, forks on
+    (16, 100_000, (16, True)),             # dense, a finer granule: every granule
+    (128, 100_000, (1024, True)),          # the granule is the page: as the page
+    (16, 1_000, (0, False)),               # not dense: neither
+])
+def test_tuned_retention_follows_the_budget_and_the_granule(granule, capacity, want):
+    """``tuned``: periodic checkpoints and forks once the budget holds 2000 mean prompts
+    (``DENSE_REQUESTS``); on a trace of blocks finer than the page, as dense as its blocks."""
+    got = tuned("v4-mini", capacity, 800, 128, granule)
+    assert (got["every_n"], got["forks"]) == want
+    assert tuned("full", capacity, 800, 128, granule)["every_n"] == 0
+    m = RuntimeManager("v4-mini", capacity, 2000, 800, block_tokens=granule or 128)
+    assert m.describe()["every_n"] == want[0] and m.describe()["forks"] is want[1]

@@ -1,8 +1,8 @@
 """Hypothesis stateful test on tiny pools (4-16 blocks): many repeated and overlapping prompts,
-chunked prefills with checkpoints, decodes, drafts, refusals, frees, indexer bumps.  After
-every rule the accounting invariant holds (check_invariants: every non-free block is held by a
-live request, cached (evictable) or loading); whenever no request is live, capacity is intact:
-every block is free or evictable."""
+chunked prefills with checkpoints (forks on or off), decodes, drafts, refusals, frees, indexer
+bumps.  After every rule the accounting invariant holds (check_invariants: every non-free block
+is held by a live request, cached (evictable) or loading); whenever no request is live,
+capacity is intact: every block is free or evictable."""
 import pytest
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
@@ -16,10 +16,11 @@ BASES = [[(7 * i + 3) % 250 for i in range(48)], [(11 * i + 5) % 250 for i in ra
 
 
 class Pressure(RuleBasedStateMachine):
-    @initialize(blocks=st.integers(4, 16), every=st.sampled_from([0, 8, 16]))
-    def setup(self, blocks, every):
+    @initialize(blocks=st.integers(4, 16), every=st.sampled_from([0, 8, 16]),
+                forks=st.booleans())
+    def setup(self, blocks, every, forks):
         self.m = CacheManager(LAY, num_blocks=blocks, every_n=every, checked=True,
-                              check_every=8)
+                              check_every=8, forks=forks)
         self.live = {}          # rid -> tokens committed so far
         self.n = 0
 

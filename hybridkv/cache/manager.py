@@ -21,7 +21,8 @@ raises a named error from hybridkv.errors and changes nothing; so does Admission
 pages (hybridkv.cache.arena): block tables hold arena page ids, one id space for every kind;
 ``block_pages`` gives a pool's blocks k pages each (``slot_pages`` lists them).
 ``forks=True`` also retains a checkpoint where a prompt parts from the prompts admitted before
-it (hybridkv.cache.branches): the next prompt of that family resumes there.
+it, at least the layout's largest block in (``forks=N``: at least N tokens in;
+hybridkv.cache.branches): the next prompt of that family resumes there.
 ``events=True`` records a CacheEvent for every block filed in / taken out of the prefix index
 (``take_events`` drains them: an engine's KV events).
 ``checked=True`` shadows every block with a python-statemachine instance and asserts the
@@ -131,8 +132,8 @@ class CacheManager:
         for pk, n in sizes.items():
             check_count(f"num_blocks[{pk}]", n, 1)
         check_count("every_n", every_n)
-        if not isinstance(forks, bool):
-            raise BadArgument("forks must be a bool", forks)
+        if not isinstance(forks, int) or forks < 0:
+            raise BadArgument("forks must be a bool or a number of tokens", forks)
         if every_n % layout.granule:
             raise BadArgument("every_n must be a multiple of the hash granule",
                               (every_n, layout.granule))
@@ -168,6 +169,8 @@ class CacheManager:
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
                                    self.subpages)
         self.seen = SeenPrefixes() if forks else None   # where a new prompt forks (branches)
+        self.snapshots.min_fork = max(g.block_size for g in layout.groups) if forks is True \
+            else forks
         self.events = [] if events else None           # CacheEvent feed (take_events)
         self.writer.events = self.evictor.events = self.events
         self.requests = {}

@@ -8,7 +8,8 @@ later state and P's objects are released.
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
 extends), with ``CacheManager(forks=True)`` the fork (where its prompt parts from the prompts
-admitted before it, ``SeenPrefixes``: inside a compressed block no request has cached), the
+admitted before it, ``SeenPrefixes``: inside a compressed block no request has cached; at
+least ``min_fork`` tokens in), the
 prompt's last aligned position before its last token (``repeat``: an identical prompt resumes
 there), the end of every allocation rounded down to ``resume_every`` (``end``:
 provisional; superseded by the next end, the last one stays when the request is freed; an
@@ -42,6 +43,9 @@ class Snapshots:
         self.every_n = every_n
         self.resume_every = resume_every or layout.granule    # a multiple of the granule
         self.objectless = layout.objectless      # no checkpoint has an exact object
+        # forks at least this many tokens in (CacheManager's forks): one shorter than a block
+        # saves less than a block of recompute per hit, for a checkpoint's bytes
+        self.min_fork = 0
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.skipped = 0             # points not written: no room beside their allocation
         self.abandoned = 0           # points written, then given up for another's room
@@ -61,7 +65,7 @@ class Snapshots:
                 pts.setdefault(P, set()).add(tag)
         if req.plan.branch < req.prompt_len:
             add(req.plan.branch, "branch")
-        if req.plan.branch < req.shared_tokens < req.prompt_len:
+        if max(req.plan.branch, self.min_fork - 1) < req.shared_tokens < req.prompt_len:
             add(req.shared_tokens, "fork")
         add(end - end % self.resume_every, "end")
         add((req.prompt_len - 1) // gran * gran, "repeat")

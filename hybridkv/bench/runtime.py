@@ -124,7 +124,8 @@ class RuntimeManager:
             memory = {"num_blocks": self.sizing.sizes}
         self.mgr = CacheManager(self.rlayout, **memory, device="meta", every_n=every_n,
                                 policy_factory=policy_factory, checked=checked,
-                                forks=defaults["forks"] if forks is None else forks)
+                                forks=self.page_tokens if (defaults["forks"] if forks is None
+                                                           else forks) else False)
         self.vocab = vocab
         self.ids = itertools.count()
         self.refused = 0

@@ -149,23 +149,25 @@ def test_ours_on_the_arena_beats_lru_at_small_blocks():
 def test_v4_mini_resumes_at_the_trace_s_small_blocks(arena):
     """On a 16-token-block trace v4-mini's compressed blocks stay at 128 tokens (whole HCA
     entries) and its window group at 16: the hash granule is the trace's block.  B parts from
-    A at 48 tokens, inside the first compressed block; C shares 64 with B: it resumes at B's
-    fork, 48 (``forks``: SeenPrefixes), where without forks it resumes nowhere.  A 48-token
-    block does not divide the page: the layout keeps one granule, the page."""
+    A at 144 tokens, inside the second compressed block; C shares 160 with B: it resumes at
+    B's fork, 144 (``forks``: SeenPrefixes, a page or more in), where without forks it resumes
+    at B's branch point, 128, the end of the compressed chain it extends (none in the arena,
+    whose grown compressed blocks hold 1024 tokens and more).  A 48-token block does not
+    divide the page: the layout keeps one granule, the page."""
     assert runtime_layout("v4-mini", 128, block_tokens=16).granule == 16
     assert runtime_layout("v4-mini", 128).granule == 128
     assert runtime_layout("v4-mini", 128, block_tokens=48).granule == 128
-    tr = _trace([(100, (0, 1, 2, 3, 4, 5, 6)), (100, (0, 1, 2, 7, 8, 9, 10)),
-                 (100, (0, 1, 2, 7, 11, 12, 13))], block=16)
+    tr = _trace([(200, tuple(range(13))), (200, tuple(range(9)) + (100, 101, 102, 103)),
+                 (200, tuple(range(9)) + (100, 200, 201, 202))], block=16)
     got = {}
     for forks in (True, False):
-        m = RuntimeManager("v4-mini", 100, 100, checked=True, arena=arena, block_tokens=16,
+        m = RuntimeManager("v4-mini", 100, 200, checked=True, arena=arena, block_tokens=16,
                            forks=forks)
         assert {g.name: g.block_size for g in m.rlayout.groups}["swa"] == 16
         got[forks] = [m.serve(tr, r, m.prepare(tr, r)).hit_tokens for r in tr.requests]
         m.mgr.check_invariants()
         assert m.describe()["forks"] is forks
-    assert got == {True: [0, 0, 48], False: [0, 0, 0]}
+    assert got == {True: [0, 0, 144], False: [0, 0, 128 if not arena else 0]}
 
 
 @pytest.mark.parametrize("cap", [100, 2000, 50000])

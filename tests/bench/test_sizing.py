@@ -63,10 +63,10 @@ def test_memory_default_is_the_arena_where_it_pads_nothing():
     (None, 100_000, (1024, True)),         # dense: every 1024 tokens, forks on
     (16, 100_000, (16, True)),             # dense, a finer granule: every granule
     (128, 100_000, (1024, True)),          # the granule is the page: as the page
-    (16, 1_000, (0, False)),               # not dense: neither
+    (16, 1_000, (0, True)),                # not dense: forks only
 ])
 def test_tuned_retention_follows_the_budget_and_the_granule(granule, capacity, want):
-    """``tuned``: periodic checkpoints and forks once the budget holds 2000 mean prompts
+    """``tuned``: forks at every budget, periodic checkpoints once it holds 2000 mean prompts
     (``DENSE_REQUESTS``); on a trace of blocks finer than the page, as dense as its blocks."""
     got = tuned("v4-mini", capacity, 800, 128, granule)
     assert (got["every_n"], got["forks"]) == want

@@ -35,11 +35,11 @@ Periodic checkpoints (both layouts; `tuned`): every_n = 1024 tokens (rounded up 
 of P) once the budget holds DENSE_REQUESTS = 2000 mean prompts; below that they evict the
 retention points other requests would hit.  On a trace of blocks finer than P (v4-mini's hash
 granule is then the trace's block) a dense budget checkpoints every granule, as LRU's engine
-rule counts a block's state with it: the second prompt of a family resumes where it parts from
-the first (synthetic stream, 16-token blocks, 100k blocks: 0.741903 = LRU, against 0.741857
-with forks at every 1024 tokens, in 2.6x the replay time).  `--every-n` overrides it.  Forks
-(``CacheManager(forks=True)``: a checkpoint where a prompt parts from an earlier one that went
-on past the shared prefix, at least a page in) are on at every budget: Mooncake synthetic 1k
+rule counts a block's state with it: a family's prompts resume where they part, however short
+the shared prefix (synthetic stream, 16-token blocks, 100k blocks: 0.741903 = LRU, against
+0.7400 with a checkpoint every 1024 tokens, in 5x the replay time).  `--every-n` overrides it.
+Forks (``CacheManager(forks=True)``: a checkpoint where a prompt parts from an earlier one that
+went on past the shared prefix, at least a page in) are on at every budget: Mooncake synthetic 1k
 0.0701 -> 0.0732, 10k 0.3868 -> 0.4098, conversation 10k 0.1929 -> 0.1937.  Counting every
 shared prefix as a fork (a conversation's next turn extends its last, whose own checkpoints
 are where it resumes) and forks shorter than a page cost hits at small budgets instead

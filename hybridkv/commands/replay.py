@@ -191,7 +191,8 @@ def _text(r: dict) -> str:
     lines.append("lru counts hits as an engine uses them (whole blocks, last token computed), "
                  "like ours; lru-blk (lru_trace_blocks) and belady count every cached trace block")
     lines.append(f"ours = hk.CacheManager ({rt['layout']}, device {rt['device']}, blocks of "
-                 f"{rt['block_tokens']} tokens), every_n {rt['every_n']}, chunk "
+                 f"{rt['block_tokens']} tokens), every_n {rt['every_n']}, forks "
+                 f"{'on' if rt['forks'] else 'off'}, chunk "
                  f"{rt['chunk_tokens']}, refused {rt['refused']}, request hints "
                  f"{'on' if rt['hints'] else 'off'}")
     lines.append(_memory_text(rt))

@@ -249,8 +249,10 @@ def test_cli_reports_the_timestamp_unit_and_the_reconciled_requests(tmp_path, ca
     assert reading == {"timestamp_unit": "ns", "span_s": 2.5, "hash_id_count_mismatches": 1,
                        "reconciled_tokens_added": 1025 - 700, "reconciled_tokens_removed": 0}
     assert _main(argv) == 0
+    text = capsys.readouterr().out
     assert ("timestamps read in ns, span 2.5 s; 1 requests with a hash-id count other than "
-            "ceil(input_length / 512)") in capsys.readouterr().out
+            "ceil(input_length / 512)") in text
+    assert "every_n 0, forks off" in text          # (full attention: no checkpoint objects)
     assert _main(argv + ["--strict"]) == 2
     err = capsys.readouterr().err
     assert "HashIdCountMismatch" in err and "line 2" in err and "[0, 1, 3]" in err

@@ -2,12 +2,13 @@
 new prompt learns how far it shares tokens with an earlier one even where no block holds them.
 
 The funnel's branch point is the end of the cached compressed chain a request extends: it sees
-a shared prefix only in whole chain blocks that are still cached.  A prompt that shares 64
+a shared prefix only in whole chain blocks that are still cached.  A prompt that shares 200
 tokens with an earlier one, under 128-token compressed blocks (v4-mini under a 16-token hash
-granule), extends no cached block, so neither request retains a checkpoint where their prompts
-part, and the third prompt of the family misses what a 16-token-block LRU hits.  Marconi's
-radix tree knows that branch point from the tokens alone; ``SeenPrefixes`` is that knowledge at
-granule precision, salted as the chain keys are (a tenant's keys never match another's).
+granule), extends one cached block, so neither request retains a checkpoint where their prompts
+part (200), and the third prompt of the family resumes at 128 where a 16-token-block LRU hits
+200.  Marconi's radix tree knows that branch point from the tokens alone; ``SeenPrefixes`` is
+that knowledge at granule precision, salted as the chain keys are (a tenant's keys never match
+another's).  The manager writes a fork only ``min_fork`` tokens in or more (``Snapshots``).
 
 A prompt that only extends an earlier one (a conversation's next turn: every key of the earlier
 prompt, then more) is no fork: the earlier prompt's own end and repeat checkpoints are where it
@@ -52,9 +53,6 @@ class SeenPrefixes:
         if excess > 0:
             for key in list(islice(keys, excess)):
                 del keys[key]
-
-    def clear(self):
-        self.keys.clear()
 
     def __len__(self):
         return len(self.keys)

@@ -165,12 +165,11 @@ class CacheManager:
                                    num_pages or sum(sizes.values()), self._transit, self.arena)
         self.subpages = WindowSubPages(layout, self.pools)
         self.snapshots = Snapshots(layout, self.pools, self.index, self.evictor, self.subpages,
-                                   every_n, resume_every)
+                                   every_n, resume_every, max(g.block_size for g in layout.groups)
+                                   if forks is True else forks)
         self.writer = ObjectWriter(layout, self.pools, self.index, self.evictor, self.snapshots,
                                    self.subpages)
         self.seen = SeenPrefixes() if forks else None   # where a new prompt forks (branches)
-        self.snapshots.min_fork = max(g.block_size for g in layout.groups) if forks is True \
-            else forks
         self.events = [] if events else None           # CacheEvent feed (take_events)
         self.writer.events = self.evictor.events = self.events
         self.requests = {}

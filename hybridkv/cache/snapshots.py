@@ -7,14 +7,13 @@ window pages still hold until the commit's slide); otherwise the working objects
 later state and P's objects are released.
 
 Retention (Marconi-style): the branch point (the end of the cached compressed chain a request
-extends), with ``CacheManager(forks=True)`` the fork (where its prompt parts from the prompts
-admitted before it, ``SeenPrefixes``: inside a compressed block no request has cached; at
-least ``min_fork`` tokens in), the
-prompt's last aligned position before its last token (``repeat``: an identical prompt resumes
-there), the end of every allocation rounded down to ``resume_every`` (``end``:
-provisional; superseded by the next end, the last one stays when the request is freed; an
-allocation that reaches no new multiple of ``resume_every`` writes none), and every ``every_n``
-tokens.
+extends), with ``CacheManager(forks=)`` the fork (where its prompt parts from the prompts
+admitted before it, ``SeenPrefixes``: inside compressed blocks no request has cached; at least
+``min_fork`` tokens in), the prompt's last aligned position before its last token (``repeat``:
+an identical prompt resumes there), the end of every allocation rounded down to
+``resume_every`` (``end``: provisional; superseded by the next end, the last one stays when the
+request is freed; an allocation that reaches no new multiple of ``resume_every`` writes none),
+and every ``every_n`` tokens.
 
 ``resume_every`` is the stride of the engine's own resume points, the granule by default.  An
 engine that resumes only at whole blocks (vLLM: its scheduler block) sets its block size: a
@@ -37,7 +36,8 @@ RETAINED = SEMANTIC | {"every"}
 
 
 class Snapshots:
-    def __init__(self, layout, pools, index, evictor, subpages, every_n=0, resume_every=None):
+    def __init__(self, layout, pools, index, evictor, subpages, every_n=0, resume_every=None,
+                 min_fork=0):
         self.layout, self.pools, self.index, self.evictor = layout, pools, index, evictor
         self.subpages = subpages     # WindowSubPages: a window snapshot's sub-pages
         self.every_n = every_n
@@ -45,7 +45,7 @@ class Snapshots:
         self.objectless = layout.objectless      # no checkpoint has an exact object
         # forks at least this many tokens in (CacheManager's forks): one shorter than a block
         # saves less than a block of recompute per hit, for a checkpoint's bytes
-        self.min_fork = 0
+        self.min_fork = min_fork
         self.captured_bytes = 0      # bytes copied into snapshots at capture
         self.skipped = 0             # points not written: no room beside their allocation
         self.abandoned = 0           # points written, then given up for another's room

@@ -50,8 +50,8 @@ def add_arguments(p) -> None:
     p.add_argument("--synthetic-requests", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator")
     p.add_argument("--every-n", type=int, default=None, metavar="TOKENS",
-                   help="also checkpoint every TOKENS tokens (a multiple of 512; default: "
-                        "tuned per layout and capacity, 0 = retention points only)")
+                   help="also checkpoint every TOKENS tokens (a multiple of --block-tokens; "
+                        "default: tuned per layout and capacity, 0 = retention points only)")
     p.add_argument("--memory", choices=MEMORY, default="auto",
                    help="arena: one block arena whose pages every kind shares; fixed: per-pool "
                         "sizes split from the byte budget by the mean prompt; auto (default): "
@@ -112,8 +112,10 @@ def runtime_options(args) -> dict:
     opts = {"every_n": args.every_n, "snapshot_fraction": args.snapshot_fraction,
             "chunk_tokens": args.chunk_tokens, "hints": args.hints,
             "arena": MEMORY[args.memory]}
-    if args.every_n is not None and (args.every_n < 0 or args.every_n % 512):
-        raise ReplayArgumentError("--every-n must be a multiple of 512, >= 0", args.every_n)
+    block = args.block_tokens if args.block_tokens >= 1 else 512   # (a bad one: the loader's)
+    if args.every_n is not None and (args.every_n < 0 or args.every_n % block):
+        raise ReplayArgumentError(f"--every-n must be a multiple of --block-tokens ({block}), "
+                                  ">= 0", args.every_n)
     if args.snapshot_fraction is not None and not 0.0 <= args.snapshot_fraction < 1.0:
         raise ReplayArgumentError("--snapshot-fraction must be in [0, 1)",
                                   args.snapshot_fraction)

@@ -293,6 +293,7 @@ def test_cli_memory_arena_or_fixed_pools(capsys):
     (["nowhere.jsonl"], "TraceFormatError"),
     (["synthetic", "--capacity-blocks", "-3"], "CapacityError"),
     (["synthetic", "--every-n", "100"], "ReplayArgumentError"),
+    (["synthetic", "--block-tokens", "16", "--every-n", "40"], "multiple of --block-tokens (16)"),
     (["synthetic", "--snapshot-fraction", "1.5"], "ReplayArgumentError"),
     (["synthetic", "--memory", "arena", "--snapshot-fraction", "0.2"], "fixed split"),
     (["synthetic", "--block-tokens", "0"], "TraceFormatError"),
@@ -300,3 +301,11 @@ def test_cli_memory_arena_or_fixed_pools(capsys):
 def test_cli_bad_input_exit_2(argv, err, capsys):
     assert _main(argv + ["--json", "--synthetic-requests", "5", "--no-progress"]) == 2
     assert err in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_cli_every_n_follows_the_trace_s_block(capsys):
+    """A 16-token-block trace checkpoints at multiples of 16 (the runtime's granule)."""
+    argv = ["synthetic", "--block-tokens", "16", "--every-n", "32", "--layout", "v4-mini",
+            "--capacity-blocks", "50", "--synthetic-requests", "5", "--json", "--no-progress"]
+    assert _main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"]["every_n"] == 32

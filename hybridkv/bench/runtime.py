@@ -99,6 +99,7 @@ class RuntimeManager:
                          max_tokens if mean_tokens is None else mean_tokens, self.page_tokens,
                          self.rlayout.granule)
         every_n = defaults["every_n"] if every_n is None else every_n
+        forks = defaults["forks"] if forks is None else forks
         policy_factory = policy_factory or FilteredLRUPolicy
         self.policy_name = getattr(policy_factory, "__name__", repr(policy_factory))
         self.hints = hints
@@ -124,8 +125,7 @@ class RuntimeManager:
             memory = {"num_blocks": self.sizing.sizes}
         self.mgr = CacheManager(self.rlayout, **memory, device="meta", every_n=every_n,
                                 policy_factory=policy_factory, checked=checked,
-                                forks=self.page_tokens if (defaults["forks"] if forks is None
-                                                           else forks) else False)
+                                forks=self.page_tokens if forks else False)
         self.vocab = vocab
         self.ids = itertools.count()
         self.refused = 0

@@ -34,14 +34,15 @@ from __future__ import annotations
 import heapq
 import itertools
 from itertools import compress, repeat
-from operator import attrgetter, itemgetter, not_
+from operator import attrgetter, not_
 
 import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
+from hybridkv.policy_entries import CompactEntries, DenseCompactEntries
+
 MAX_USES_CLASS = 3
 PRIO = attrgetter("prio")     # an _Entry's priority
-PRIO_OF_COMPACT = itemgetter(0)   # a compact entry's (ValuePolicy._lazy)
 ARRAY_MIN = 32        # admit_chain computes a chain at least this long as numpy columns
 
 
@@ -107,6 +108,12 @@ class _Entry:
         return EntryMeta(self.key, self.kind, self.nbytes, self.flops, self.tag)
 
 
+def _plain(values):
+    """A column of FLOPs as Python floats (a numpy one as a list): the per-entry paths compute
+    with Python's float operations."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
 def _lazy_entry(key, compact) -> _Entry:
     """The _Entry of a compact one (ValuePolicy._lazy): uses 0, not eligible."""
     prio, flops, (kind, nbytes, tag) = compact
@@ -140,12 +147,23 @@ class ValuePolicy:
         self._now = 0.0
         self.clock = 0.0
         self._e: dict = {}
-        self._lazy: dict = {}     # key -> (prio, flops, (kind, nbytes, tag)): admitted by
-        # admit_chain, untouched since (uses 0, not eligible); moved to _e when touched
+        self._lazy = CompactEntries()  # key -> (prio, flops, (kind, nbytes, tag)): admitted
+        # by admit_chain, untouched since (uses 0, not eligible); moved to _e when touched
         self._heap: list = []
         self._seq = itertools.count()
         self._entered: dict = {}
         self._moved: dict = {}
+
+    def key_space(self, n: int) -> None:
+        """Every key is an int in ``0 .. n-1`` (a pool's block ids): compact entries are kept
+        as columns (policy_entries.DenseCompactEntries), so a chain is admitted and removed
+        with a few numpy stores.  Only before the first entry; a key outside the space is
+        then refused (PolicyError)."""
+        if len(self):
+            raise PolicyError("key space set after entries were admitted", n)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise PolicyError("key space must be an int >= 0", n)
+        self._lazy = DenseCompactEntries(n)
 
     def __len__(self) -> int:
         return len(self._e) + len(self._lazy)
@@ -185,7 +203,7 @@ class ValuePolicy:
 
     def _prio(self, key) -> float:
         e = self._e.get(key)
-        return self._lazy[key][0] if e is None else e.prio
+        return self._lazy.prio(key) if e is None else e.prio
 
     def _enter(self, e: _Entry) -> None:
         c = self._cls(e)
@@ -197,6 +215,10 @@ class ValuePolicy:
     def admit(self, meta: EntryMeta, now: float = 0.0) -> None:
         if meta.key in self:
             raise PolicyError("duplicate key", meta.key)
+        try:
+            self._lazy.joined(meta.key)
+        except KeyError:
+            raise PolicyError("key outside the key space", meta.key) from None
         e = _Entry(meta.key, meta.kind, meta.nbytes, meta.flops, meta.tag)
         self._now = now
         self._e[meta.key] = e
@@ -211,19 +233,21 @@ class ValuePolicy:
         no ``_chain_prios`` beside it admits one by one.  A duplicate key raises PolicyError
         before anything changes."""
         if not _batches_chains(type(self)):
-            for key, f in zip(keys, flops):
+            for key, f in zip(keys, _plain(flops)):
                 self.admit(EntryMeta(key, kind, nbytes, f, tag), now)
             return
-        if not keys:
+        if not len(keys):
             return
-        if len(set(keys)) != len(keys) or not (self._e.keys().isdisjoint(keys)
-                                               and self._lazy.keys().isdisjoint(keys)):
+        try:
+            run = self._lazy.fresh_run(keys, self._e)
+        except KeyError as err:
+            raise PolicyError("key outside the key space", err.args[0]) from None
+        if run is None:
             raise PolicyError("duplicate key", next(k for i, k in enumerate(keys)
                                                     if k in self or k in keys[:i]))
         self._now = now
         prio = self._chain_prios(kind, nbytes, flops, tag, now)
-        prio = prio.tolist() if isinstance(prio, np.ndarray) else prio
-        self._lazy.update(zip(keys, zip(prio, flops, repeat((kind, nbytes, tag)))))
+        self._lazy.put_run(run, prio, flops, (kind, nbytes, tag))
 
     def _chain_prios(self, kind, nbytes, flops, tag, now):
         """The priorities ``_enter`` gives new entries of one class one after another (the
@@ -234,6 +258,7 @@ class ValuePolicy:
             self.recency * now
         entered[cls] = n0 + n
         if n < ARRAY_MIN:                                 # numpy's fixed cost outweighs it
+            flops = _plain(flops)
             return [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
                     (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
         per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size
@@ -289,6 +314,7 @@ class ValuePolicy:
             prio = v[0]
         else:
             prio = e.prio
+        self._lazy.left((key,))
         if evicted and prio > self.clock:
             self.clock = prio     # greedy-dual aging: everything left now sits closer to eviction
         if len(self._heap) > 4 * (len(self._e) + len(self._lazy)) + 64:
@@ -313,7 +339,7 @@ class ValuePolicy:
         for key in keys[1:]:
             if key not in forced:
                 e = live.get(key)                    # its priority (``_prio``, inlined)
-                if not (lazy[key][0] if e is None else e.prio) < bound:
+                if not (lazy.prio(key) if e is None else e.prio) < bound:
                     break
             n += 1
         return n
@@ -329,7 +355,7 @@ class ValuePolicy:
         in_live = list(map(live.__contains__, keys))
         n_live = in_live.count(True)
         if len(set(keys)) != len(keys) or \
-                n_live + sum(map(lazy.__contains__, keys)) != len(keys):   # (disjoint)
+                n_live + lazy.count_in(keys) != len(keys):   # (disjoint)
             raise PolicyError("unknown key", next(k for i, k in enumerate(keys)
                                                   if k not in self or k in keys[:i]))
         if len(keys) > 1:                  # the numbers len(keys) - 1 eligible calls take
@@ -342,8 +368,8 @@ class ValuePolicy:
         if n_live:
             compact = list(compress(keys, map(not_, in_live)))
             clock = max(clock, max(map(PRIO, map(live.pop, compress(keys, in_live)))))
-        self.clock = max(clock, max(map(PRIO_OF_COMPACT, map(lazy.pop, compact)),
-                                    default=clock))
+        self.clock = lazy.pop_max_prio(compact, clock)
+        lazy.left(keys)
         if len(self._heap) > 4 * (len(live) + len(lazy)) + 64:
             self._heap = [(x.prio, x.seq, k) for k, x in live.items() if x.seq >= 0]
             heapq.heapify(self._heap)

@@ -17,6 +17,8 @@ import contextlib
 from itertools import groupby, repeat
 from operator import mul
 
+import numpy as np
+
 from hybridkv.cache.arena_pool import PageCountedSet
 from hybridkv.cache.liveness import Liveness
 from hybridkv.cache.request import CacheEvent
@@ -27,12 +29,16 @@ from spec.common import PINNED, READY, STALE
 CACHED_STATES = (READY, STALE)
 CACHED_SET = frozenset(CACHED_STATES)
 PLACE_RUN_MIN = 2       # a single block is placed alone
+FLOPS_ARRAY_MIN = 16    # a chain's FLOPs as a numpy column from this many blocks on
 
 
 class Evictor:
     def __init__(self, pools, index, policy_factory, metrics, on_evict=None):
         self.pools, self.index, self.metrics = pools, index, metrics
         self.policies = {pk: policy_factory() for pk in pools}
+        for pk, policy in self.policies.items():        # keys are block ids: entries as columns
+            if hasattr(policy, "key_space"):
+                policy.key_space(pools[pk].n)
         self.admitted = {pk: set() for pk in pools}     # cache entries (in the policy)
         self.cached = {pk: set() for pk in pools}       # admitted, READY/STALE, unpinned
         self.eligible = {pk: set() for pk in pools}     # cached leaves, offered to the policy
@@ -168,6 +174,8 @@ class Evictor:
             else:
                 run_blocks, run_at = blocks, at
             policy.admit_chain(run_blocks, "checkpoint" if e else "block", pool.block_nbytes,
+                               np.asarray(run_at, dtype=np.float64) * pool.n_layers
+                               if len(run_at) >= FLOPS_ARRAY_MIN else
                                list(map(float, map(mul, run_at, repeat(pool.n_layers)))),
                                tag, self.clock)
 

@@ -288,15 +288,21 @@ def test_admit_chain_is_admit_of_each_key_and_refuses_duplicates_whole(cls):
        cls=st.sampled_from([ValuePolicy, LRUPolicy, FilteredLRUPolicy]),
        ops=st.lists(st.tuples(st.sampled_from(["access", "eligible", "ineligible", "remove",
                                                 "drop", "victim", "run"]),
-                              st.integers(0, 47)), max_size=40))
-def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, cls, ops):
+                              st.integers(0, 47)), max_size=40),
+       spaces=st.tuples(st.booleans(), st.booleans()))
+def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(n, cls, ops,
+                                                                                spaces):
     """Entries admit_chain keeps compact (``_lazy``) become _Entry objects only when touched:
     every protocol call on them (access, eligible, ineligible, victim, remove evicted or
     not, run_length, remove_run) leaves the clock, entries, victims and answers that the same
     calls leave on entries admitted one by one; for greedy-dual and for the sequence-number
-    policies (LRU, FilteredLRU), the counter too."""
+    policies (LRU, FilteredLRU), the counter too.  ``spaces``: which of the two keeps its
+    entries as columns over the key space 0..47 (``key_space``) rather than in dicts."""
     keys, flops = list(range(n)), [float((7 * i) % 11 * 4096) for i in range(n)]
     one, chain = cls(), cls()
+    for p, dense in zip((one, chain), spaces):
+        if dense:
+            p.key_space(48)
     for k, f in zip(keys, flops):
         one.admit(EntryMeta(k, "block", 4096, f, "comp"), 1.0)
     chain.admit_chain(keys, "block", 4096, flops, "comp", 1.0)

@@ -86,7 +86,10 @@ class DenseCompactEntries:
         return self._prio[i], self._flops[i], self.metas[self._meta[i]]
 
     def prio(self, key):
-        return self._prio[key]
+        i = self._index(key)
+        if i < 0 or self._meta[i] < 0:
+            raise KeyError(key)
+        return self._prio[i]
 
     def items(self):
         for key in np.flatnonzero(self.meta_ids >= 0).tolist():

@@ -99,3 +99,7 @@ def test_dense_store_answers_as_the_dict_store(ops):
         assert len(d) == len(a)
         assert dict(d.items()) == dict(a.items())
         assert all(d.prio(k) == a.prio(k) for k in d)
+        for k in (k for k in range(-1, 17) if k not in d):
+            for store in (d, a):
+                with pytest.raises(KeyError):
+                    store.prio(k)

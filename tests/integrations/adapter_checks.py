@@ -642,3 +642,40 @@ def test_eviction_keeps_a_recent_short_prefix_as_vllm_s_lru_does():
         kv.free(fresh)
         again = request("again", list(range(65)) + [9] * 40)
         assert kv.get_computed_blocks(again)[1] == 64, type(kv)
+
+
+def test_the_judge_plugin_installs_our_manager_and_scheduler_where_vllm_names_them():
+    """The judge's plugin binds vLLM's ``KVCacheManager`` and ``Scheduler`` names to ours
+    (the Scheduler an engine gets with --scheduler-cls), then a test module's own binding
+    after collection; AsyncScheduler, defined from the stock class, stays vLLM's."""
+    import sys
+    import types
+
+    import vllm.v1.core.kv_cache_manager as kv_module
+    import vllm.v1.core.sched.scheduler as sched_module
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from hybridkv.integrations.vllm import pytest_plugin
+    from hybridkv.integrations.vllm.scheduler import Scheduler
+    stock_manager, stock_scheduler = kv_module.KVCacheManager, sched_module.Scheduler
+    config = types.SimpleNamespace(addinivalue_line=lambda *a: None)
+    late = types.ModuleType("late_test_module")     # a test module importing both by name
+    try:
+        pytest_plugin.pytest_configure(config)
+        assert kv_module.KVCacheManager is KVCacheManager
+        assert sched_module.KVCacheManager is KVCacheManager
+        assert sched_module.Scheduler is Scheduler
+        late.KVCacheManager, late.Scheduler = stock_manager, stock_scheduler
+        sys.modules[late.__name__] = late
+        pytest_plugin.pytest_collection_finish(types.SimpleNamespace(config=config))
+        assert late.KVCacheManager is KVCacheManager and late.Scheduler is Scheduler
+        assert issubclass(AsyncScheduler, stock_scheduler)
+        assert not issubclass(AsyncScheduler, Scheduler)
+    finally:
+        sys.modules.pop(late.__name__, None)
+        for module in list(sys.modules.values()):
+            d = getattr(module, "__dict__", {})
+            if d.get("KVCacheManager") is KVCacheManager and module.__name__.startswith("vllm"):
+                module.KVCacheManager = stock_manager
+            if d.get("Scheduler") is Scheduler and module.__name__.startswith("vllm"):
+                module.Scheduler = stock_scheduler

@@ -108,3 +108,65 @@ def test_a_prompt_past_max_model_len_is_refused_on_arrival(side):
     result = StreamRun(scheduler, hasher, [*requests, too_long]).run()
     assert result.refused == ["long"] and result.finished == len(requests)
     assert {a.request_id for a in result.admissions} == {r.request_id for r in requests}
+
+
+def _arrived(scheduler, hasher, spec):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+    request = Request(spec.request_id, list(spec.prompt), SamplingParams(max_tokens=3), None,
+                      block_hasher=hasher)
+    scheduler.add_request(request)
+    return request
+
+
+@pytest.mark.parametrize("shape", ["full", "full+swa", "v4"])
+def test_arrival_hashes_the_prompt_so_the_steps_hash_nothing_again(shape, monkeypatch):
+    """hybridkv's Scheduler prepares a new request on arrival (its ids translated, its chain
+    keys hashed): the lookups its steps make hash no granule again."""
+    import hybridkv.cache.manager as core
+    scheduler, hasher = build_scheduler("ours", shape, 4000, MAX_LEN, 8, 2048)
+    kv = scheduler.kv_cache_manager
+    spec = turns(1, 1500, 0)[0]
+    _arrived(scheduler, hasher, spec)
+    rid = spec.request_id
+    keys = kv.cache.requests[rid].chain_keys
+    assert rid in kv.prompt_ids and len(keys) >= 1000 // kv.layout.granule
+    hashed = []
+    extend = core.extend_chain
+
+    def counted(keys, *args, **kw):
+        before = len(keys)
+        out = extend(keys, *args, **kw)
+        hashed.append(len(out) - before)
+        return out
+    monkeypatch.setattr(core, "extend_chain", counted)
+    scheduler.schedule()
+    assert hashed and sum(hashed) == 0                  # looked up in the step, nothing hashed
+    assert kv.tracked[rid].started
+
+
+def test_arrival_preparation_changes_no_hit():
+    """The same stream with and without the preparation on arrival: the same admissions and
+    hits (the step's lookup makes the plan, against the cache as it is then)."""
+    from hybridkv.integrations.vllm import KVCacheManager
+    requests = turns(4, 700, 200) + mooncake_requests(6)
+    with_arrival, _ = hits("ours", "full+swa", requests)
+    prepare = KVCacheManager.prepare
+    try:
+        KVCacheManager.prepare = lambda self, request: None
+        without, _ = hits("ours", "full+swa", requests)
+    finally:
+        KVCacheManager.prepare = prepare
+    assert with_arrival == without and any(with_arrival.values())
+
+
+def test_a_request_aborted_before_its_first_step_leaves_nothing_behind():
+    from vllm.v1.request import RequestStatus
+    scheduler, hasher = build_scheduler("ours", "full", 4000, MAX_LEN, 8, 2048)
+    kv = scheduler.kv_cache_manager
+    spec = turns(1, 600, 0)[0]
+    _arrived(scheduler, hasher, spec)
+    assert spec.request_id in kv.cache.requests            # looked up on arrival
+    scheduler.finish_requests(spec.request_id, RequestStatus.FINISHED_ABORTED)
+    assert spec.request_id not in kv.cache.requests
+    assert spec.request_id not in kv.tracked and spec.request_id not in kv.prompt_ids

@@ -147,6 +147,20 @@ class KVCacheManager(UnusedMachinery):
         return self.blocks.of_hit(self.cache, plan, self.tracked[request.request_id].windows), \
             plan.reuse_tokens, 0
 
+    def prepare(self, request):
+        """A new request arrived (the Scheduler's ``add_request``): the lookup
+        ``get_computed_blocks`` would make, made now, so its prompt's ids are translated and
+        checked and its chain keys hashed on arrival -- as vLLM hashes a request's blocks
+        when the request is made -- and the lookups of the Scheduler's steps translate and
+        hash nothing again.  A lookup only reads the cache; the step looks up again against
+        the cache as it is then (the funnel's plan, never this one, is what an allocation
+        pins)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return
+        last = known_positions(request, self._keyed(request)) - 1
+        if last > 0:
+            self._look(request, last, salt_of(request))
+
     def _keyed(self, request):
         """vLLM's hash block size when the request's hybridkv ids carry vLLM's block hashes
         (it has a block hasher: prefix caching on), else 0 (its own salt, raw token ids)."""

@@ -5,19 +5,22 @@
 Before any test module is imported it replaces ``KVCacheManager`` in vLLM's
 ``kv_cache_manager`` and ``sched.scheduler`` modules, and after collection in every loaded
 module that bound the stock class by name (the tests' own ``from ... import KVCacheManager``),
-so the tests and vLLM's Scheduler build ours wherever they look the name up.  Nothing else of
-vLLM changes.
+so the tests and vLLM's Scheduler build ours wherever they look the name up.  ``Scheduler`` is
+replaced the same way by hybridkv's (hybridkv.integrations.vllm.Scheduler, what
+``--scheduler-cls`` installs: vLLM's, preparing each new request on arrival), so the tests
+drive the path an engine runs; a subclass vLLM defined from the stock class at import
+(AsyncScheduler) stays as it is.  Nothing else of vLLM changes.
 """
 import sys
 
 PATCHED = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler")
 
 
-def _swap(stock, ours):
-    """Bind ``KVCacheManager`` to ours in every loaded module that holds the stock class."""
+def _swap(stock, ours, name="KVCacheManager"):
+    """Bind ``name`` to ours in every loaded module that holds the stock class under it."""
     for module in list(sys.modules.values()):
-        if getattr(module, "__dict__", {}).get("KVCacheManager") is stock:
-            module.KVCacheManager = ours
+        if getattr(module, "__dict__", {}).get(name) is stock:
+            setattr(module, name, ours)
 
 
 def pytest_configure(config):
@@ -31,6 +34,9 @@ def pytest_configure(config):
         importlib.import_module(name)
     config.hybridkv_stock_kv_cache_manager = stock
     _swap(stock, KVCacheManager)
+    from hybridkv.integrations.vllm.scheduler import Scheduler   # (subclasses the stock one)
+    config.hybridkv_stock_scheduler = Scheduler.__mro__[1]
+    _swap(config.hybridkv_stock_scheduler, Scheduler, "Scheduler")
     config.addinivalue_line("markers", "hybridkv: run with hybridkv's KVCacheManager")
 
 
@@ -39,6 +45,8 @@ def pytest_collection_finish(session):
     stock = getattr(session.config, "hybridkv_stock_kv_cache_manager", None)
     if stock is not None:
         _swap(stock, KVCacheManager)
+        from hybridkv.integrations.vllm.scheduler import Scheduler
+        _swap(session.config.hybridkv_stock_scheduler, Scheduler, "Scheduler")
 
 
 ACTIVE = "hybridkv: vLLM's KVCacheManager is hybridkv.integrations.vllm.KVCacheManager"

@@ -8,8 +8,10 @@ Scheduler (stream_run.StreamRun: schedule() + update_from_output() with syntheti
 outputs), once with vLLM's KVCacheManager ("stock") and once with hybridkv's ("ours",
 hybridkv.integrations.vllm.Scheduler), at the same ``num_blocks``. Per side: prefix-hit tokens
 the Scheduler adopted (at first admissions, and at re-admissions after a preemption),
-preemptions, steps, and the step time (schedule + update_from_output) p50 / p99; the ratio ours
-/ stock comes from this one run. Then every request whose first-admission hit differs, with the
+preemptions, steps, the step time (schedule + update_from_output) p50 / p99, and the arrival
+time (the Request made, vLLM hashing its blocks, and added to the Scheduler, hybridkv
+preparing it: outside the steps on both sides) p50 and total; the ratio ours / stock comes
+from this one run. Then every request whose first-admission hit differs, with the
 group(s) that stopped the shorter side (stream_audit), and every stock admission whose resume
 point hybridkv's checkpoint rule finds incomplete in the blocks vLLM handed over. Imports vLLM:
 run it in the vLLM venv.
@@ -63,7 +65,7 @@ def run_side(side, shape, requests, num_blocks, ms_per_step, max_num_seqs):
 def side_summary(result):
     first = [a for a in result.admissions if not a.resumed]
     again = [a for a in result.admissions if a.resumed]
-    steps = summarize(result.step_ns)
+    steps, arrivals = summarize(result.step_ns), summarize(result.arrival_ns)
     return {"hit_tokens": sum(a.hit_tokens for a in result.admissions),
             "first_hit_tokens": sum(a.hit_tokens for a in first),
             "resumed_hit_tokens": sum(a.hit_tokens for a in again),
@@ -72,6 +74,8 @@ def side_summary(result):
             "finished": result.finished, "refused": len(result.refused),
             "steps": result.steps,
             "step_p50_us": steps["p50"], "step_p99_us": steps["p99"],
+            "arrival_p50_us": arrivals["p50"], "arrival_total_ms": round(
+                sum(result.arrival_ns) / 1e6, 1),
             "wall_s": round(result.wall_s, 2)}
 
 
@@ -127,7 +131,8 @@ def run_shape(shape, requests, num_blocks, ms_per_step, max_num_seqs):
                                               max_num_seqs)
     summary = {side: side_summary(results[side]) for side in SIDES}
     ratio = {k: round(summary["ours"][k] / summary["stock"][k], 3) if summary["stock"][k]
-             else None for k in ("step_p50_us", "step_p99_us", "hit_tokens")}
+             else None for k in ("step_p50_us", "step_p99_us", "hit_tokens", "arrival_p50_us",
+                                 "arrival_total_ms")}
     return {"num_blocks": num_blocks, "setup": about, **summary, "ratio_ours_stock": ratio,
             "differences": differences(requests, results["stock"], results["ours"],
                                        about["stock"]["groups"]),
@@ -143,17 +148,21 @@ def machine():
 
 def table(report):
     lines = [f"{'shape':<9} {'side':<6} {'hit tok':>9} {'first':>9} {'resumed':>8} "
-             f"{'preempt':>7} {'evicted':>7} {'steps':>6} {'p50 us':>8} {'p99 us':>9}"]
+             f"{'preempt':>7} {'evicted':>7} {'steps':>6} {'p50 us':>8} {'p99 us':>9} "
+             f"{'arrive us':>9}"]
     for shape, r in report["shapes"].items():
         for side in SIDES:
             s = r[side]
             lines.append(f"{shape:<9} {side:<6} {s['hit_tokens']:>9} {s['first_hit_tokens']:>9} "
                          f"{s['resumed_hit_tokens']:>8} {s['preemptions']:>7} "
                          f"{s['evictions']:>7} {s['steps']:>6} "
-                         f"{s['step_p50_us']:>8} {s['step_p99_us']:>9}")
+                         f"{s['step_p50_us']:>8} {s['step_p99_us']:>9} "
+                         f"{s['arrival_p50_us']:>9}")
         q = r["ratio_ours_stock"]
         lines.append(f"{shape:<9} ours/stock: hit tokens {q['hit_tokens']}, step p50 "
-                     f"{q['step_p50_us']}, p99 {q['step_p99_us']} (num_blocks "
+                     f"{q['step_p50_us']}, p99 {q['step_p99_us']}, arrival p50 "
+                     f"{q['arrival_p50_us']} (total {r['ours']['arrival_total_ms']} vs "
+                     f"{r['stock']['arrival_total_ms']} ms) (num_blocks "
                      f"{r['num_blocks']}, prompts refused as longer than max_model_len: "
                      f"{r['stock']['refused']}); requests whose first hit differs: "
                      f"{len(r['differences'])}; stock admissions hybridkv's rule finds "

@@ -52,6 +52,8 @@ class Admission:
 @dataclass
 class StreamResult:
     step_ns: list = field(default_factory=list)
+    arrival_ns: list = field(default_factory=list)  # per request: made (vLLM hashes its
+    # blocks) and added to the Scheduler (hybridkv prepares it): outside the steps
     admissions: list = field(default_factory=list)
     preemptions: int = 0
     evictions: int = 0      # cached blocks the manager dropped to make room
@@ -119,10 +121,13 @@ class StreamRun:
             self.result.refused.append(spec.request_id)     # as vLLM's input processor: no
             return                                          # room for one output token
         params = SamplingParams(max_tokens=max(1, spec.output_tokens), ignore_eos=True)
-        request = Request(spec.request_id, list(spec.prompt), params, None,
+        prompt = list(spec.prompt)
+        t0 = time.perf_counter_ns()
+        request = Request(spec.request_id, prompt, params, None,
                           arrival_time=spec.arrival_ms / 1000, block_hasher=self.block_hasher)
-        self.live[spec.request_id] = request
         self.scheduler.add_request(request)
+        self.result.arrival_ns.append(time.perf_counter_ns() - t0)
+        self.live[spec.request_id] = request
 
     def _model_output(self, scheduler_output):
         req_ids = list(scheduler_output.num_scheduled_tokens)

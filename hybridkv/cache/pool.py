@@ -253,8 +253,8 @@ class Pool:
         self._check_move_run(blocks, o.st, tgts)
         col_args = [np.asarray(a) if isinstance(a, list) else a for a in args]
         new = EFFECTS[event](o, cx, *col_args)._replace(st=tgts)
-        self.recs.scatter(idx, new)
-        self._landed_run(blocks, event, o, new)
+        self.recs.scatter(idx, new, o)
+        self._landed_run(blocks, event, o, new, idx)
 
     def _check_move(self, b, old, new):
         """Block b may leave state ``old`` for ``new`` beyond what the table says (checked
@@ -278,9 +278,10 @@ class Pool:
             self.watch.discard(b)
             self.on_ready(b)
 
-    def _landed_run(self, blocks, event, olds, news):
+    def _landed_run(self, blocks, event, olds, news, idx=None):
         """``_landed`` of a run whose rows are written already, ``olds`` / ``news`` its records
-        as columns: the bookkeeping per distinct (from, to) pair of states, not per block."""
+        as columns (``idx``: ``blocks`` as an int64 array, when the caller has it): the
+        bookkeeping per distinct (from, to) pair of states, not per block."""
         if self.shadows is not None:
             n, cx, make = len(blocks), self.ctx, self.rec_type._make
             old_rows = zip(*olds)
@@ -293,7 +294,8 @@ class Pool:
         kinds = distinct(pairs)
         for pair in kinds:
             a, z = divmod(pair, 8)
-            members = blocks if len(kinds) == 1 else np.asarray(blocks)[pairs == pair].tolist()
+            members = blocks if len(kinds) == 1 else \
+                (np.asarray(blocks) if idx is None else idx)[pairs == pair].tolist()
             if a != z:
                 self._moved_run(members, a, z)
             if self.on_transition is not None:

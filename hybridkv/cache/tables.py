@@ -97,14 +97,23 @@ class GroupCtx:
         self.max_ver, self.max_ep, self.miv, self.kabi = max_ver, max_ep, miv, kabi
 
 
+DISTINCT_PEELS = 4     # ``distinct`` peels this many values off a column before a set
+
+
 def distinct(col):
     """The distinct values of an int column, ascending, as Python ints: a run's usual column
-    holds one value, found with one comparison; else a set of its values (np.unique costs
-    several Python-level calls, and its first call imports numpy.ma: milliseconds)."""
-    if not len(col):
-        return []
-    first = int(col[0])
-    return [first] if (col == first).all() else sorted(set(col.tolist()))
+    holds one value or a few, each found with one comparison over what is left; else a set of
+    its values (np.unique costs several Python-level calls, and its first call imports
+    numpy.ma: milliseconds)."""
+    found = []
+    while len(col) and len(found) < DISTINCT_PEELS:
+        first = int(col[0])
+        found.append(first)
+        rest = col != first
+        if not rest.any():
+            return sorted(found)
+        col = col[rest]
+    return sorted(found + sorted(set(col.tolist()))) if len(col) else sorted(found)
 
 
 _CACHE = {}

@@ -40,6 +40,31 @@ def test_a_run_gathers_and_scatters_only_its_rows():
     assert recs.value(1, "h") == 16
 
 
+def test_a_scatter_given_the_gathered_columns_writes_the_changed_fields_alone():
+    """``scatter(idx, new, olds)``: the fields an effect set (new columns, or scalars) are
+    written, the ones it kept (the gathered column itself) are not -- the rows end as a
+    whole-row scatter leaves them."""
+    def filled():
+        recs = RecordColumns(CompRec, 6)
+        for b in range(6):
+            recs[b] = CompRec(st=READY, ver=b, pins=b % 2, ep=0, draft=0, pub=1, h=16 * b,
+                              closed=4 * b)
+        return recs
+    whole, changed = filled(), filled()
+    for recs, pass_olds in ((whole, False), (changed, True)):
+        idx, o = recs.gather([5, 0, 3])
+        new = o._replace(st=PINNED, pins=o.pins + 1, draft=0, h=7)
+        recs.scatter(idx, new, o if pass_olds else None)
+    assert list(changed) == list(whole)
+    assert changed[3] == CompRec(st=PINNED, ver=3, pins=2, ep=0, draft=0, pub=1, h=7,
+                                 closed=12)
+    assert changed[2] == CompRec(st=READY, ver=2, pins=0, ep=0, draft=0, pub=1, h=32, closed=8)
+    idx, o = changed.gather([1, 2])
+    o.ver[:] = 99                                  # a kept column is never written back
+    changed.scatter(idx, o._replace(pub=0), o)
+    assert changed.values([1, 2], "ver") == [1, 2] and changed.values([1, 2], "pub") == [0, 0]
+
+
 def test_load_replaces_every_record_or_nothing():
     recs = RecordColumns(CompRec, 3)
     new = [CompRec(st=READY, ver=i) for i in range(3)]

@@ -170,3 +170,26 @@ def test_a_request_aborted_before_its_first_step_leaves_nothing_behind():
     scheduler.finish_requests(spec.request_id, RequestStatus.FINISHED_ABORTED)
     assert spec.request_id not in kv.cache.requests
     assert spec.request_id not in kv.tracked and spec.request_id not in kv.prompt_ids
+
+
+def test_at_most_max_prepared_tokens_wait_prepared(monkeypatch):
+    """A deep queue holds at most MAX_PREPARED_TOKENS prompt tokens' ids and keys from
+    arrival; later arrivals are prepared by the step that first looks them up, and every one
+    is admitted with the hit an unbounded preparation gives."""
+    import hybridkv.integrations.vllm.manager as adapter
+    requests = turns(5, 600, 150)                 # prompts of 600, 750, 900, ... tokens
+    unbounded, _ = hits("ours", "full", requests)
+    monkeypatch.setattr(adapter, "MAX_PREPARED_TOKENS", 1400)
+    scheduler, hasher = build_scheduler("ours", "full", 4000, MAX_LEN, 8, 2048)
+    kv = scheduler.kv_cache_manager
+    for spec in requests:
+        _arrived(scheduler, hasher, spec)
+    assert sorted(kv.prepared) == ["t0", "t1"] and sorted(kv.prompt_ids) == ["t0", "t1"]
+    assert kv.prepared_tokens == sum(kv.prepared.values()) <= 1400
+    assert "t4" not in kv.cache.requests
+    bounded, _ = hits("ours", "full", requests)
+    assert bounded == unbounded and any(unbounded.values())
+    scheduler.schedule()
+    started = {rid for rid, t in kv.tracked.items() if t.started}
+    assert started and not kv.prepared.keys() & started     # started ones leave the set
+    assert kv.prepared_tokens == sum(kv.prepared.values())

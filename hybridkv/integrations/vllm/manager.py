@@ -46,6 +46,9 @@ from vllm.distributed.kv_events import AllBlocksCleared
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 
+MAX_PREPARED_TOKENS = 4_000_000   # prompt tokens waiting prepared on arrival (~20 B each:
+#                                   the translated ids, their int64 words, the chain keys)
+
 
 class KVCacheManager(UnusedMachinery):
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
@@ -84,6 +87,8 @@ class KVCacheManager(UnusedMachinery):
         self.bad = BadBlocks()                                  # bytes reported bad, held
         self.deferred = DeferredFrees()                         # popped, blocks not back yet
         self.prompt_ids = {}                    # request id -> TranslatedIds (lookups reuse)
+        self.prepared = {}                      # request id -> prompt tokens: prepared on
+        self.prepared_tokens = 0                # arrival, not started yet (and their sum)
         self.block_pool = BlockPoolFacade(self)
         self.coordinator = CoordinatorFacade(self)
 
@@ -154,12 +159,20 @@ class KVCacheManager(UnusedMachinery):
         when the request is made -- and the lookups of the Scheduler's steps translate and
         hash nothing again.  A lookup only reads the cache; the step looks up again against
         the cache as it is then (the funnel's plan, never this one, is what an allocation
-        pins)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return
+        pins).  At most ``MAX_PREPARED_TOKENS`` prompt tokens wait prepared (their ids and
+        keys held): a deeper queue's later arrivals are prepared by the step that first looks
+        them up."""
         last = known_positions(request, self._keyed(request)) - 1
-        if last > 0:
-            self._look(request, last, salt_of(request))
+        if not self.prefix_cache_lookup_enabled(request) or last <= 0 or \
+                self.prepared_tokens + last > MAX_PREPARED_TOKENS:
+            return
+        self._look(request, last, salt_of(request))
+        self.prepared[request.request_id] = last
+        self.prepared_tokens += last
+
+    def _unprepared(self, request_id):
+        """The request started or left: it no longer waits prepared."""
+        self.prepared_tokens -= self.prepared.pop(request_id, 0)
 
     def _keyed(self, request):
         """vLLM's hash block size when the request's hybridkv ids carry vLLM's block hashes
@@ -238,6 +251,7 @@ class KVCacheManager(UnusedMachinery):
         """The request's first allocation resumes exactly where vLLM was told it may (a
         fresh lookup when vLLM adopts no hit or another one than the last lookup's)."""
         rid = request.request_id
+        self._unprepared(rid)
         track = self.tracked.get(rid)
         if track is None or track.hit != computed:
             if request.num_computed_tokens:
@@ -339,6 +353,7 @@ class KVCacheManager(UnusedMachinery):
         track = self.tracked.pop(request.request_id, None)
         self.commits.forget(request.request_id)
         self.prompt_ids.pop(request.request_id, None)
+        self._unprepared(request.request_id)
         if track is None:
             return False
         if track.started:
@@ -367,6 +382,8 @@ class KVCacheManager(UnusedMachinery):
             return False
         self.tracked.clear()
         self.prompt_ids.clear()
+        self.prepared.clear()
+        self.prepared_tokens = 0
         self.commits.clear()
         self.cache = self._new_cache()
         self.bad.clear()

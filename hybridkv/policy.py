@@ -39,7 +39,7 @@ from operator import attrgetter, not_
 import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
-from hybridkv.policy_entries import CompactEntries, DenseCompactEntries
+from hybridkv.policy_entries import CompactEntries, DenseCompactEntries, plain
 
 MAX_USES_CLASS = 3
 PRIO = attrgetter("prio")     # an _Entry's priority
@@ -106,12 +106,6 @@ class _Entry:
     @property
     def meta(self) -> EntryMeta:
         return EntryMeta(self.key, self.kind, self.nbytes, self.flops, self.tag)
-
-
-def _plain(values):
-    """A column of FLOPs as Python floats (a numpy one as a list): the per-entry paths compute
-    with Python's float operations."""
-    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 def _lazy_entry(key, compact) -> _Entry:
@@ -233,7 +227,7 @@ class ValuePolicy:
         no ``_chain_prios`` beside it admits one by one.  A duplicate key raises PolicyError
         before anything changes."""
         if not _batches_chains(type(self)):
-            for key, f in zip(keys, _plain(flops)):
+            for key, f in zip(keys, plain(flops)):
                 self.admit(EntryMeta(key, kind, nbytes, f, tag), now)
             return
         if not len(keys):
@@ -258,7 +252,7 @@ class ValuePolicy:
             self.recency * now
         entered[cls] = n0 + n
         if n < ARRAY_MIN:                                 # numpy's fixed cost outweighs it
-            flops = _plain(flops)
+            flops = plain(flops)
             return [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
                     (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
         per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size

@@ -16,6 +16,12 @@ import numpy as np
 PRIO_OF_COMPACT = itemgetter(0)
 
 
+def plain(values):
+    """A column of priorities or FLOPs as Python floats (a numpy one as a list): the dict and
+    the per-entry paths hold and compute with Python's floats."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
 class CompactEntries(dict):
     """key -> (prio, flops, (kind, nbytes, tag)) of each compact entry."""
 
@@ -25,9 +31,7 @@ class CompactEntries(dict):
     def put_run(self, keys, prios, flops, meta):
         """New compact entries ``keys`` (as ``fresh_run`` returned them) with their
         priorities and FLOPs, sharing ``meta``."""
-        prios = prios.tolist() if isinstance(prios, np.ndarray) else prios
-        flops = flops.tolist() if isinstance(flops, np.ndarray) else flops
-        self.update(zip(keys, zip(prios, flops, repeat(meta))))
+        self.update(zip(keys, zip(plain(prios), plain(flops), repeat(meta))))
 
     def fresh_run(self, keys, live):
         """``keys`` as ``put_run`` takes them when they are distinct and none is an entry yet
@@ -75,19 +79,23 @@ class DenseCompactEntries:
     def __len__(self):
         return self.count
 
-    def __contains__(self, key):
+    def _compact(self, key):
+        """``key``'s row while it is a compact entry, else -1."""
         i = self._index(key)
-        return i >= 0 and self._meta[i] >= 0
+        return i if i >= 0 and self._meta[i] >= 0 else -1
+
+    def __contains__(self, key):
+        return self._compact(key) >= 0
 
     def __getitem__(self, key):
-        i = self._index(key)
-        if i < 0 or self._meta[i] < 0:
+        i = self._compact(key)
+        if i < 0:
             raise KeyError(key)
         return self._prio[i], self._flops[i], self.metas[self._meta[i]]
 
     def prio(self, key):
-        i = self._index(key)
-        if i < 0 or self._meta[i] < 0:
+        i = self._compact(key)
+        if i < 0:
             raise KeyError(key)
         return self._prio[i]
 
@@ -98,11 +106,10 @@ class DenseCompactEntries:
     def pop(self, key, default=None):
         """Remove a compact entry; its fields (``default`` when ``key`` is none).  The key
         stays an entry: the caller makes it live or removes it (``left``)."""
-        i = self._index(key)
-        if i < 0 or self._meta[i] < 0:
+        if key not in self:
             return default
-        out = self._prio[i], self._flops[i], self.metas[self._meta[i]]
-        self._meta[i] = -1
+        out = self[key]
+        self._meta[key] = -1
         self.count -= 1
         return out
 

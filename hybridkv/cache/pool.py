@@ -278,10 +278,10 @@ class Pool:
             self.watch.discard(b)
             self.on_ready(b)
 
-    def _landed_run(self, blocks, event, olds, news, idx=None):
+    def _landed_run(self, blocks, event, olds, news, idx):
         """``_landed`` of a run whose rows are written already, ``olds`` / ``news`` its records
-        as columns (``idx``: ``blocks`` as an int64 array, when the caller has it): the
-        bookkeeping per distinct (from, to) pair of states, not per block."""
+        as columns, ``idx`` the blocks as an int64 array: the bookkeeping per distinct
+        (from, to) pair of states, not per block."""
         if self.shadows is not None:
             n, cx, make = len(blocks), self.ctx, self.rec_type._make
             old_rows = zip(*olds)
@@ -294,8 +294,7 @@ class Pool:
         kinds = distinct(pairs)
         for pair in kinds:
             a, z = divmod(pair, 8)
-            members = blocks if len(kinds) == 1 else \
-                (np.asarray(blocks) if idx is None else idx)[pairs == pair].tolist()
+            members = blocks if len(kinds) == 1 else idx[pairs == pair].tolist()
             if a != z:
                 self._moved_run(members, a, z)
             if self.on_transition is not None:

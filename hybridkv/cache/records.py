@@ -78,21 +78,15 @@ class RecordColumns:
         buf, w = self._buf, self.width
         return [buf[b * w + j] for b in blocks]
 
-    def scatter(self, idx, recs, olds=None):
-        """Write ``recs`` (a ``rec_type`` whose fields are columns or scalars) to rows ``idx``.
-        ``olds``: the columns ``gather`` read them from; a field of ``recs`` that is the very
+    def scatter(self, idx, recs, olds):
+        """Write ``recs`` (a ``rec_type`` whose fields are columns or scalars) to rows ``idx``,
+        ``olds`` the columns ``gather`` read them from: a field of ``recs`` that is the very
         same column is unchanged (an effect's ``_replace`` keeps the fields it does not set),
         so only the fields that changed are written, a column at a time."""
-        if olds is not None:
-            cols = self.cols
-            for j, (values, old) in enumerate(zip(recs, olds)):
-                if values is not old:
-                    cols[idx, j] = values
-            return
-        out = np.empty((len(idx), self.width), dtype=np.int64)
-        for j, values in enumerate(recs):
-            out[:, j] = values
-        self.cols[idx] = out
+        cols = self.cols
+        for j, (values, old) in enumerate(zip(recs, olds)):
+            if values is not old:
+                cols[idx, j] = values
 
     def load(self, recs):
         """Replace every record (``recs``: one ``rec_type`` per block)."""

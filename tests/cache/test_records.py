@@ -32,7 +32,7 @@ def test_a_run_gathers_and_scatters_only_its_rows():
         recs[b] = CompRec(st=READY, ver=b, pins=0, ep=0, draft=0, pub=1, h=16 * b, closed=4 * b)
     idx, o = recs.gather([4, 1])
     assert o.ver.tolist() == [4, 1] and o.h.tolist() == [64, 16]
-    recs.scatter(idx, o._replace(st=PINNED, pins=o.pins + 1))
+    recs.scatter(idx, o._replace(st=PINNED, pins=o.pins + 1), o)
     assert [recs.state(b) for b in range(6)] == [READY, PINNED, READY, READY, PINNED, READY]
     assert recs[4] == CompRec(st=PINNED, ver=4, pins=1, ep=0, draft=0, pub=1, h=64, closed=16)
     assert recs.values([5, 4, 0], "pins") == [0, 1, 0]
@@ -42,8 +42,8 @@ def test_a_run_gathers_and_scatters_only_its_rows():
 
 def test_a_scatter_given_the_gathered_columns_writes_the_changed_fields_alone():
     """``scatter(idx, new, olds)``: the fields an effect set (new columns, or scalars) are
-    written, the ones it kept (the gathered column itself) are not -- the rows end as a
-    whole-row scatter leaves them."""
+    written, the ones it kept (the gathered column itself) are not -- the rows end as writing
+    each block's new record whole leaves them."""
     def filled():
         recs = RecordColumns(CompRec, 6)
         for b in range(6):
@@ -51,10 +51,10 @@ def test_a_scatter_given_the_gathered_columns_writes_the_changed_fields_alone():
                               closed=4 * b)
         return recs
     whole, changed = filled(), filled()
-    for recs, pass_olds in ((whole, False), (changed, True)):
-        idx, o = recs.gather([5, 0, 3])
-        new = o._replace(st=PINNED, pins=o.pins + 1, draft=0, h=7)
-        recs.scatter(idx, new, o if pass_olds else None)
+    for b in (5, 0, 3):
+        whole[b] = whole[b]._replace(st=PINNED, pins=whole[b].pins + 1, draft=0, h=7)
+    idx, o = changed.gather([5, 0, 3])
+    changed.scatter(idx, o._replace(st=PINNED, pins=o.pins + 1, draft=0, h=7), o)
     assert list(changed) == list(whole)
     assert changed[3] == CompRec(st=PINNED, ver=3, pins=2, ep=0, draft=0, pub=1, h=7,
                                  closed=12)

@@ -165,6 +165,7 @@ class ModelLayout:
         self._exact = {}
         self._pool_keys = tuple((k, g.name) for g in groups for k in KINDS if k in g.kinds)
         self._chain_pools = tuple(pk for pk in self._pool_keys if pk[0] in CHAIN_KINDS)
+        self._id = repr((name, groups, kernel_version)).encode()    # (every lookup hashes it)
         if self.lcm > LCM_WARN_TOKENS:
             warnings.warn(f"layout {name}: LCM of group block sizes is {self.lcm} tokens; "
                           f"hits rely on exact checkpoints (granule {self.granule})",
@@ -273,8 +274,9 @@ class ModelLayout:
         return {pk: 1 - self.block_nbytes(*pk) / page for pk in self._pool_keys}
 
     def layout_id(self):
-        """Bytes naming the layout in every hash (so a different layout never hits)."""
-        return repr((self.name, self.groups, self.kernel_version)).encode()
+        """Bytes naming the layout in every hash (so a different layout never hits): its
+        name, groups and kernel version, fixed at construction."""
+        return self._id
 
     def __repr__(self):
         return f"ModelLayout({self.name!r}, groups={[g.name for g in self.groups]})"

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hybridkv.cache.funnel import candidate_positions
 from hybridkv.cache.index import extend_chain, root_key
 from hybridkv.errors import BadTokens, UnknownRequest
+from hybridkv.layout import ModelLayout
 from tests.cache.helpers import LAY, P40, commit_all, commit_tokens, mk, run
 
 
@@ -204,3 +205,18 @@ def test_known_tokens_are_the_looked_up_prompt_then_the_ids_commits_add():
     assert m.known_tokens("a") == len(P40) + 3
     with pytest.raises(UnknownRequest):
         m.known_tokens("nobody")
+
+
+def test_root_key_names_the_layout_its_tenant_and_its_model():
+    """The root key every chain hangs from differs with the layout's name, a group, the
+    kernel version, the model version and the salt, and is the same for the same layout built
+    again (the layout's bytes are fixed at construction, so the key never drifts)."""
+    g = LAY.groups[0]
+    def build(name=LAY.name, groups=LAY.groups, kv=LAY.kernel_version, mv=LAY.model_version):
+        return ModelLayout(groups, name=name, kernel_version=kv, model_version=mv)
+    same = root_key(build(), b"")
+    assert same == root_key(LAY, b"") == root_key(build(), b"")
+    others = [root_key(build(name="other"), b""), root_key(build(kv=LAY.kernel_version + 1), b""),
+              root_key(build(mv="other"), b""), root_key(LAY, b"tenant"),
+              root_key(build(groups=(g._replace(window=g.window + 1), *LAY.groups[1:])), b"")]
+    assert same not in others and len(set(others)) == len(others)

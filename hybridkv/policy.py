@@ -315,6 +315,30 @@ class ValuePolicy:
             self._heap = [(x.prio, x.seq, k) for k, x in self._e.items() if x.seq >= 0]
             heapq.heapify(self._heap)
 
+    def victims(self, n, go_on=None) -> list:
+        """victim() and the keys it returns after it, one after another as each is removed
+        (evicted) with nothing offered, touched or admitted between: at most n, and none after
+        the first key ``go_on(key)`` is False for.  Priorities do not change while an entry
+        waits, so the heap's order is that sequence; it changes no entry (stale heap records
+        it passes go, as victim() drops them).  A subclass with its own ``remove`` answers
+        victim() alone."""
+        first = self.victim()
+        if first is None or n < 2 or type(self).remove is not ValuePolicy.remove:
+            return [] if first is None else [first]
+        heap, live, out, valid = self._heap, self._e, [], []
+        while heap and len(out) < n:
+            rec = heapq.heappop(heap)
+            e = live.get(rec[2])
+            if e is None or e.seq != rec[1]:
+                continue                            # stale: victim() would drop it too
+            valid.append(rec)
+            out.append(rec[2])
+            if go_on is not None and not go_on(rec[2]):
+                break
+        for rec in valid:
+            heapq.heappush(heap, rec)
+        return out
+
     def run_length(self, keys, forced=frozenset()) -> int:
         """How many of ``keys`` victim() returns one after another, where ``keys[0]`` is
         victim() now and each later key is offered (eligible) only once the one before it was

@@ -403,17 +403,22 @@ class Evictor:
     def evict_run(self, pk, n, keep=None):
         """Evict pool ``pk``'s victim, each first offered to ``on_evict`` (a disk tier spills
         it); returns how many blocks went (0: no victim).  Without that hook a policy victim
-        goes with up to n - 1 ancestors it leaves as the next victims (``_run``) as one run;
-        with it, block by block: each spill is a copy and a write, and the tier's in-flight
-        budget sees them spaced as the drops space them.  ``keep(prev, p, dead, i)`` may end
+        goes with up to n - 1 ancestors it leaves as the next victims (``_run``) as one run,
+        or else with the victims that follow it quietly (``_sweep``); with it, block by
+        block: each spill is a copy and a write, and the tier's in-flight budget sees them
+        spaced as the drops space them.  ``keep(prev, p, dead, i)`` may end
         the run before ancestor p (the one-block-at-a-time caller would choose otherwise)."""
         b = self.victim(pk)
         if b is None:
             return 0
         run, event = self._run(pk, b, n, keep)
-        if len(run) > 1:
+        if len(run) == 1 and keep is None:
+            run = self._sweep(pk, b, n)
+            if len(run) > 1:
+                self._drop_sweep(pk, run)
+        elif len(run) > 1:
             self._drop_run(pk, run, event)
-        else:
+        if len(run) == 1:
             run = [self._ref(pk, b)]
             if self.on_evict is not None:
                 self.on_evict(run[0])
@@ -457,6 +462,59 @@ class Evictor:
             if not dead_now:
                 run = run[:self.policies[pk].run_length(run, forced)]
         return run, event
+
+    def _sweep(self, pk, b, n):
+        """Up to n blocks that the block-by-block loop of make_room would evict one after
+        another from victim b on, when ``_run`` found no chain run: the dead blocks waiting,
+        in order, while each is still a victim (cached and unreachable: a drop never makes a
+        block reachable or cached again, and what it reports dead waits behind them); or,
+        with none waiting, b and the policy's next victims (``victims``) while each one before
+        goes quietly (PrefixIndex.drops_quietly: it leaves no leaf and nothing dead in this
+        pool, so the next victim is the policy's next).  Each goes by the event b goes by and
+        is accepted by the table.  [b] when there is no such run; without ``runs`` or with an
+        on_evict hook eviction is block by block."""
+        if not self.runs or n < 2 or self.on_evict is not None:
+            return [b]
+        pool, waiting = self.pools[pk], self.dead[pk]
+        event = _event(pool, b)
+        if waiting:
+            cached, refs, reachable, run = self.cached[pk], pool.refs, self.index.reachable, []
+            for d in waiting:
+                if len(run) == n or d not in cached or reachable(refs[d]) or \
+                        _event(pool, d) != event:
+                    break
+                run.append(d)
+        else:
+            victims = getattr(self.policies[pk], "victims", None)
+            if victims is None:
+                return [b]
+            gone, quiet = {}, self.index.drops_quietly
+            run = victims(n, lambda v: quiet(pk[0], pk[1], v, gone) and
+                          _event(pool, v) == event)
+        if run[:1] != [b]:
+            return [b]
+        return run[:max(1, pool.accepted(run, event))]  # (one by another event: refused)
+
+    def _drop_sweep(self, pk, run):
+        """``drop`` of each block of a run from ``_sweep``, in order: the table once over the
+        run (Pool.fire_run), then block by block what ``drop`` does after its table event
+        (nothing there reads the records the run changed)."""
+        kind, group = pk
+        pool, refs, index = self.pools[pk], self.pools[pk].refs, self.index
+        event = _event(pool, run[0])
+        pool.fire_run(run, event)
+        if self.events is not None:
+            self.events.extend(CacheEvent.removed_run(kind, group,
+                                                      *index.keys_of_run(kind, group, run)))
+        for b in run:
+            ref = refs[b]
+            parent = index.parent(ref)
+            leaves, dead = index.unpublish(ref)
+            self.forget(ref, event != "reject")
+            self.liveness.unlink(pk, b, parent)
+            for p in leaves:
+                self.refresh(p)
+            self.mark_dead(dead)
 
     def _drop_run(self, pk, run, event):
         """``drop`` of each block of a run from ``_run``, in order: the table once over the

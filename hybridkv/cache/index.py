@@ -390,6 +390,25 @@ class PrefixIndex:
                     return True
         return False
 
+    def drops_quietly(self, kind, group, b, gone):
+        """Taking published leaf b of pool (kind, group) out leaves nothing new in that pool:
+        no parent without children (a leaf offered to its policy) and no exact object or
+        anchor of a dropped checkpoint there (reported dead), so the pool's next victim is the
+        policy's next.  ``gone``: parent block -> children of it taken out before b (in the
+        same sweep, counted here when b is quiet)."""
+        pk = (kind, group)
+        e = self.entries[pk].get(b)
+        if e is None or e.children or (e.exact or e.anchored) and self._kills_in(pk, b, e):
+            return False
+        if e.parent is not None:
+            p = e.parent.block
+            pe = self.entries[pk].get(p)
+            if pe is not None:
+                if len(pe.children) - gone.get(p, 0) < 2:
+                    return False
+                gone[p] = gone.get(p, 0) + 1
+        return True
+
     def kills_elsewhere(self, kind, group, b):
         """Taking published block b of pool (kind, group) out drops a checkpoint with an
         object in another pool (an exact object, an anchor), which ``_kill`` may report

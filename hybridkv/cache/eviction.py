@@ -112,7 +112,7 @@ class Evictor:
                         policy.admit(EntryMeta(b, "checkpoint" if exact[i] else "block",
                                                pool.block_nbytes,
                                                float(at[i] * pool.n_layers), tag), self.clock)
-                    self._place_run(pk, (b,), (sts[i],))
+                    self._place_run(pk, (b,), (sts[i],), fresh=True)
             else:                                           # admissions first, at once
                 if k is not None:           # a chain's admitted blocks: its top (the hit)
                     pool_blocks, at, exact = pool_blocks[:k], at[:k], exact[:k]
@@ -122,8 +122,9 @@ class Evictor:
                                               for col in (pool_blocks, at, exact))
                 admitted.update(pool_blocks)                # else none admitted yet: all
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
-                self._place_run(pk, changed, states, chain)
-            self.liveness.settle_chain(pk, changed, chain)
+                self._place_run(pk, changed, states, chain, fresh=True)
+            self.liveness.settle_chain(pk, changed, chain,      # (each was PINNED: live)
+                                       freed=CACHED_SET.issuperset(states))
 
     @staticmethod
     def _unpinned_head(blocks, at, exact, sts):
@@ -146,10 +147,10 @@ class Evictor:
         if k:
             admitted.add(blocks[0])
             self._admit_chains(pk, blocks[:1], at[:1], exact[:1], tag)
-        self._place_run(pk, blocks[:1], sts[:1])
+        self._place_run(pk, blocks[:1], sts[:1], fresh=True)
         admitted.update(blocks[1:k])
         self._admit_chains(pk, blocks[1:k], at[1:k], exact[1:k], tag)
-        self._place_run(pk, blocks[1:], sts[1:], True)
+        self._place_run(pk, blocks[1:], sts[1:], True, fresh=True)
 
     @staticmethod
     def _fresh_prefix(admitted, blocks):
@@ -179,15 +180,16 @@ class Evictor:
                                list(map(float, map(mul, run_at, repeat(pool.n_layers)))),
                                tag, self.clock)
 
-    def _place_run(self, pk, blocks, states, chain=False):
+    def _place_run(self, pk, blocks, states, chain=False, fresh=False):
         """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``
         and offered to the policy while a cached leaf (``refresh`` with the state in hand).
         ``chain``: ``blocks`` are a chain given deepest first (Liveness.chain_of), so only the
-        first can be a leaf."""
+        first can be a leaf.  ``fresh``: none is cached or eligible yet (each was PINNED
+        before this call's caller unpinned it: a free's reads)."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
         if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET and \
-                eligible.isdisjoint(blocks):        # newly cached (a free): the leaves join
+                (fresh or eligible.isdisjoint(blocks)):   # newly cached (a free): leaves join
             cached.update(blocks)
             leaves = [b for b in (blocks[:1] if chain else blocks) if not ents[b].children]
             for b in leaves:

@@ -44,16 +44,17 @@ class Liveness:
             return False
         return ups == (blocks[1:] if type(blocks) is list else list(blocks[1:]))
 
-    def settle_chain(self, pk, blocks, chain=False):
+    def settle_chain(self, pk, blocks, chain=False, freed=False):
         """``settle`` of each of ``blocks`` (their cached state changed), in order: a block's
         blocked and live follow from its cached state and its live children; while its
         liveness flips, the change goes to its parent's count and on up -- except where the
         parent is the next block given (derived next anyway), so a chain given deepest first is
-        walked once.  ``chain``: the caller found ``chain_of(pk, blocks)`` true."""
+        walked once.  ``chain``: the caller found ``chain_of(pk, blocks)`` true.  ``freed``:
+        every block was live (PINNED) and is cached now (a free's reads)."""
         ents, cached, below = self.index.entries[pk], self.cached[pk], self.below[pk]
         blocked, live = self.blocked[pk], self.live[pk]
         n = len(blocks)
-        if n >= CHAIN_RUN_MIN and self._settle_cached_chain(pk, blocks, chain):
+        if n >= CHAIN_RUN_MIN and self._settle_cached_chain(pk, blocks, chain, freed):
             return
         for i, b in enumerate(blocks):
             nxt = blocks[i + 1] if i + 1 < n else None
@@ -76,17 +77,18 @@ class Liveness:
                 below[up] = below.get(up, 0) + (1 if now else -1)
                 b, nxt = (None if up == nxt else up), None
 
-    def _settle_cached_chain(self, pk, blocks, chain=False):
+    def _settle_cached_chain(self, pk, blocks, chain=False, freed=False):
         """``settle_chain`` of a chain run given deepest first that was live and is all cached
         now (a free of a request's chain), set by set instead of block by block; False (nothing
         changed) when ``blocks`` is not such a run (``chain``: known to be a chain).  Block i
         had its child i-1 among its live children, so it stays live only while it has another
         (``below`` > 1; the deepest: > 0) or a block below it does: the first such block k and
         all above it stay live (blocked), the blocks below k die, and when none stays, the top
-        one's parent loses a live child and settles on up."""
+        one's parent loses a live child and settles on up.  ``freed``: known live and cached
+        (``settle_chain``)."""
         cached, below = self.cached[pk], self.below[pk]
         live, n = self.live[pk], len(blocks)
-        if not (chain or self.chain_of(pk, blocks)) or \
+        if not (chain or self.chain_of(pk, blocks)) or not freed and \
                 not (live.issuperset(blocks) and cached.issuperset(blocks)):
             return False
         top = self.index.entries[pk][blocks[-1]].parent

@@ -356,11 +356,16 @@ class Evictor:
     def drop(self, ref, event="evict"):
         """Take a block out: fire ``event`` (to FREE; a stale indexer block by drop_stale),
         unpublish it, forget it; parents left without children are re-offered as leaves and
-        what only it made reachable is marked dead.  A refused event changes nothing."""
+        what only it made reachable is marked dead.  A refused event changes nothing.  A
+        block never published (a request's working object) has no index entry, event,
+        liveness (published blocks only) nor cache entry (admitted ones are published): the
+        table event alone."""
         pk, b = (ref.kind, ref.group), ref.block
         pool = self.pools[pk]
         event = _event(pool, b, event)
         pool.fire(b, event)
+        if b not in self.index.entries[pk]:
+            return
         filed = self.index.key_of(*ref) if self.events is not None else None
         if filed is not None:
             self.events.append(CacheEvent(False, ref.kind, ref.group, filed[0], None, None,

@@ -110,6 +110,16 @@ def play(m, op, rid, prefix, n, extra, chunked=False):
     return None
 
 
+def agree(run, ref, seq, play_call=play):
+    """Every call of ``seq`` on both managers: the same outcome and the same state after
+    each, and both sound at the end."""
+    for call in seq:
+        assert play_call(run, *call) == play_call(ref, *call), call
+        assert state(run) == state(ref), call
+    run.check_invariants()
+    ref.check_invariants()
+
+
 calls = st.lists(st.tuples(
     st.sampled_from(("done", "done", "done", "serve", "decode", "free", "pin")),
     st.integers(0, 4),                                   # request id
@@ -123,11 +133,7 @@ calls = st.lists(st.tuples(
 def test_runs_evict_what_block_by_block_evicts(layout, policy, seq):
     ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False)
     run = manager(LAYOUTS[layout], POLICIES[policy], runs=True)
-    for call in seq:
-        assert play(run, *call) == play(ref, *call), call
-        assert state(run) == state(ref), call
-    run.check_invariants()
-    ref.check_invariants()
+    agree(run, ref, seq)
 
 
 ARENA_PAGES = {"full": 40, "full+swa": 64}     # pressure: runs, and runs that must stop
@@ -145,11 +151,7 @@ def test_arena_runs_give_the_pages_one_giver_choice_per_page_gives(layout, polic
     them: a dead ancestor anchors nothing, and the comp pool holds most pages)."""
     ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False, arena=ARENA_PAGES[layout])
     run = manager(LAYOUTS[layout], POLICIES[policy], runs=True, arena=ARENA_PAGES[layout])
-    for call in seq:
-        assert play(run, *call) == play(ref, *call), call
-        assert state(run) == state(ref), call
-    run.check_invariants()
-    ref.check_invariants()
+    agree(run, ref, seq)
 
 
 # A's tail and B are cached, then C hits A's prefix (its blocks now the most recent): D's

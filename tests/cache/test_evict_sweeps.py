@@ -19,7 +19,7 @@ from hybridkv.cache import eviction
 from hybridkv.errors import CacheError
 from hybridkv.policy import EntryMeta, LRUPolicy, ValuePolicy
 from tests.cache.helpers import commit_all
-from tests.cache.test_evict_runs import LAYOUTS, POLICIES, manager, state, victim_order
+from tests.cache.test_evict_runs import LAYOUTS, POLICIES, agree, manager, state, victim_order
 
 
 def serve(m, rid, tokens, free=True):
@@ -110,11 +110,7 @@ def play(m, op, rid, family, n):
 def test_sweeps_evict_what_block_by_block_evicts(layout, policy, seq):
     run = manager(LAYOUTS[layout], POLICIES[policy], runs=True)
     ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False)
-    for call in seq:
-        assert play(run, *call) == play(ref, *call), call
-        assert state(run) == state(ref), call
-    run.check_invariants()
-    ref.check_invariants()
+    agree(run, ref, seq, play)
 
 
 # -- ValuePolicy.victims --------------------------------------------------------------------

@@ -413,8 +413,9 @@ class Evictor:
         goes with up to n - 1 ancestors it leaves as the next victims (``_run``) as one run,
         or else with the victims that follow it quietly (``_sweep``); with it, block by
         block: each spill is a copy and a write, and the tier's in-flight budget sees them
-        spaced as the drops space them.  ``keep(prev, p, dead, i)`` may end
-        the run before ancestor p (the one-block-at-a-time caller would choose otherwise)."""
+        spaced as the drops space them.  ``keep(prev, p, dead, i)`` may end the run before
+        ancestor p (the one-block-at-a-time caller would choose otherwise); with ``keep`` (an
+        arena of several pools, which ranks the giver anew for each page) no sweep."""
         b = self.victim(pk)
         if b is None:
             return 0

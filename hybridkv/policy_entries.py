@@ -84,20 +84,24 @@ class DenseCompactEntries:
         i = self._index(key)
         return i if i >= 0 and self._meta[i] >= 0 else -1
 
+    def _row(self, key):
+        """``key``'s row; KeyError while it is not a compact entry."""
+        i = self._compact(key)
+        if i < 0:
+            raise KeyError(key)
+        return i
+
+    def _fields(self, i):
+        return self._prio[i], self._flops[i], self.metas[self._meta[i]]
+
     def __contains__(self, key):
         return self._compact(key) >= 0
 
     def __getitem__(self, key):
-        i = self._compact(key)
-        if i < 0:
-            raise KeyError(key)
-        return self._prio[i], self._flops[i], self.metas[self._meta[i]]
+        return self._fields(self._row(key))
 
     def prio(self, key):
-        i = self._compact(key)
-        if i < 0:
-            raise KeyError(key)
-        return self._prio[i]
+        return self._prio[self._row(key)]
 
     def items(self):
         for key in np.flatnonzero(self.meta_ids >= 0).tolist():
@@ -106,10 +110,11 @@ class DenseCompactEntries:
     def pop(self, key, default=None):
         """Remove a compact entry; its fields (``default`` when ``key`` is none).  The key
         stays an entry: the caller makes it live or removes it (``left``)."""
-        if key not in self:
+        i = self._compact(key)
+        if i < 0:
             return default
-        out = self[key]
-        self._meta[key] = -1
+        out = self._fields(i)
+        self._meta[i] = -1
         self.count -= 1
         return out
 

@@ -113,7 +113,7 @@ def distinct(col):
         if not rest.any():
             return sorted(found)
         col = col[rest]
-    return sorted(found + sorted(set(col.tolist()))) if len(col) else sorted(found)
+    return sorted(found + list(set(col.tolist())))    # the rest of a many-valued column
 
 
 _CACHE = {}

@@ -370,12 +370,19 @@ class Evictor:
         if filed is not None:
             self.events.append(CacheEvent(False, ref.kind, ref.group, filed[0], None, None,
                                           filed[1], None))
+        self._unfile(ref, event)
+
+    def _unfile(self, ref, event):
+        """What ``drop`` does after the table event took published block ``ref``: out of the
+        index, the policy and the sets, its liveness out of its parent's count; parents left
+        without children re-offered as leaves, what only it made reachable marked dead."""
+        pk = (ref.kind, ref.group)
         parent = self.index.parent(ref)
         leaves, dead = self.index.unpublish(ref)
         self.forget(ref, event != "reject")
-        self.liveness.unlink(pk, b, parent)
-        for parent in leaves:
-            self.refresh(parent)
+        self.liveness.unlink(pk, ref.block, parent)
+        for p in leaves:
+            self.refresh(p)
         self.mark_dead(dead)
 
     def discard_run(self, pk, blocks, event):
@@ -506,23 +513,16 @@ class Evictor:
     def _drop_sweep(self, pk, run):
         """``drop`` of each block of a run from ``_sweep``, in order: the table once over the
         run (Pool.fire_run), then block by block what ``drop`` does after its table event
-        (nothing there reads the records the run changed)."""
+        (``_unfile``: nothing there reads the records the run changed)."""
         kind, group = pk
-        pool, refs, index = self.pools[pk], self.pools[pk].refs, self.index
+        pool = self.pools[pk]
         event = _event(pool, run[0])
         pool.fire_run(run, event)
         if self.events is not None:
             self.events.extend(CacheEvent.removed_run(kind, group,
-                                                      *index.keys_of_run(kind, group, run)))
+                                                      *self.index.keys_of_run(kind, group, run)))
         for b in run:
-            ref = refs[b]
-            parent = index.parent(ref)
-            leaves, dead = index.unpublish(ref)
-            self.forget(ref, event != "reject")
-            self.liveness.unlink(pk, b, parent)
-            for p in leaves:
-                self.refresh(p)
-            self.mark_dead(dead)
+            self._unfile(pool.refs[b], event)
 
     def _drop_run(self, pk, run, event):
         """``drop`` of each block of a run from ``_run``, in order: the table once over the

@@ -110,9 +110,12 @@ def play(m, op, rid, prefix, n, extra, chunked=False):
     return None
 
 
-def agree(run, ref, seq, play_call=play):
-    """Every call of ``seq`` on both managers: the same outcome and the same state after
-    each, and both sound at the end."""
+def agree(layout, policy, seq, play_call=play, **kw):
+    """Every call of ``seq`` on a manager evicting runs and on the block-by-block reference
+    (``manager``'s other arguments: ``kw``): the same outcome and the same state after each,
+    and both sound at the end."""
+    run = manager(LAYOUTS[layout], POLICIES[policy], runs=True, **kw)
+    ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False, **kw)
     for call in seq:
         assert play_call(run, *call) == play_call(ref, *call), call
         assert state(run) == state(ref), call
@@ -131,9 +134,7 @@ calls = st.lists(st.tuples(
 @settings(max_examples=15, deadline=None)
 @given(seq=calls)
 def test_runs_evict_what_block_by_block_evicts(layout, policy, seq):
-    ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False)
-    run = manager(LAYOUTS[layout], POLICIES[policy], runs=True)
-    agree(run, ref, seq)
+    agree(layout, policy, seq)
 
 
 ARENA_PAGES = {"full": 40, "full+swa": 64}     # pressure: runs, and runs that must stop
@@ -149,9 +150,7 @@ def test_arena_runs_give_the_pages_one_giver_choice_per_page_gives(layout, polic
     (Arena.make_room); the reference asks the ranking again for every page.  The rival bar
     and the kills test are each seeded in the two tests below (these sequences rarely reach
     them: a dead ancestor anchors nothing, and the comp pool holds most pages)."""
-    ref = manager(LAYOUTS[layout], POLICIES[policy], runs=False, arena=ARENA_PAGES[layout])
-    run = manager(LAYOUTS[layout], POLICIES[policy], runs=True, arena=ARENA_PAGES[layout])
-    agree(run, ref, seq)
+    agree(layout, policy, seq, arena=ARENA_PAGES[layout])
 
 
 # A's tail and B are cached, then C hits A's prefix (its blocks now the most recent): D's

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from hybridkv.errors import LayoutError, LayoutWarning
 from spec.funnel import GPU_BLOCK_ALIGN, pool_abi
 from spec.swa import first_read as swa_first_read
+from spec.tail import needs_snapshot as needs_tail_snapshot
 
 KINDS = ("comp", "tail", "swa", "idx")       # spec.state.KINDS order
 CHAIN_KINDS = ("comp", "idx")                # kinds with shared chain blocks
@@ -189,9 +190,11 @@ class ModelLayout:
     def objects_at(self, H, since=0):
         """The objects a checkpoint at H consists of: per chained group its chain blocks
         (comp, idx) ending in (since, H], then the exact objects at H -- the open compressed
-        block when H is off the group's block boundary, the tail, the window, the indexer's
-        object (partial keys + its own open window).  Used alike by the writer (what to
-        write and publish) and the lookup (what must be cached and ready)."""
+        block when H is off the group's block boundary, the tail when it holds rows at H
+        (``spec.tail.needs_snapshot``: an HCA tail on its ratio's boundary is empty, the state
+        a fresh tail written at H holds), the window, the indexer's object (partial keys + its
+        own open window).  Used alike by the writer (what to write and publish) and the
+        lookup (what must be cached and ready)."""
         out = []
         for g in self.groups:
             bs = g.block_size
@@ -200,7 +203,8 @@ class ModelLayout:
                     first = since // bs + 1
                     out += [ObjSpec(kind, g.name, e * bs, False) for e in range(first, H // bs + 1)]
             for kind in KINDS:
-                if kind in g.kinds and (kind != "comp" or H % bs):
+                if kind in g.kinds and (kind != "comp" or H % bs) and \
+                        (kind != "tail" or needs_tail_snapshot(H, g)):
                     out.append(ObjSpec(kind, g.name, H, True))
         return out
 

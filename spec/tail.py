@@ -34,6 +34,13 @@ def can_seal(o, c):
     return And(o.rows == tail_need(o.h, c.ratio, c.overlap), o.pub == 1)
 
 
+def needs_snapshot(H, c):
+    """A checkpoint at H holds a tail snapshot only where the open window holds rows: with
+    none (an HCA tail on its ratio's boundary) a fresh tail written at H (``write``: rows 0)
+    already is the state a resume at H needs."""
+    return tail_need(H, c.ratio, c.overlap) > 0
+
+
 def covers(o, H, c):
     return o.h == H
 

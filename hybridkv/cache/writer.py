@@ -129,7 +129,7 @@ class ObjectWriter:
             if "tail" in g.kinds:
                 work.tail = Owned.write(self.pools[("tail", g.name)], H)
                 tables.tail = tables.tail_write = self._slot(work.tail)
-                if H:
+                if ("tail", g.name) in exact:      # none where the tail is empty at H
                     self._restore(work.tail, exact[("tail", g.name)])
             if "idx" in g.kinds:
                 work.itail = Owned.write(self.pools[("idx", g.name)], H)

@@ -105,6 +105,26 @@ def test_overwritten_snapshot_is_a_mismatch(model, kind, group, H):
     assert check_grid(model, [H], span=6).mismatches == 0        # the control passes
 
 
+def test_an_empty_hca_tail_is_no_checkpoint_object(model):
+    """On the HCA ratio's boundary the tail holds no rows (spec.common.tail_need), so a
+    checkpoint there has no HCA tail: the resume writes into a fresh, NaN-poisoned working
+    tail and still gives the cold bits.  The CSA tail (its overlap rows) stays, and off the
+    boundary the HCA tail is read as before."""
+    ratio = model.cfg.hca_ratio
+    seen = {}
+
+    def exact_kinds(cache, plan):
+        seen[plan.reuse_tokens] = {(r.kind, r.group) for r in plan.reads.exact_refs()}
+    on, off = 2 * ratio, 2 * ratio + 2
+    res = check_grid(model, [on, off], span=6, tamper=exact_kinds)
+    assert res.mismatches == 0, res.bad
+    assert ("tail", "hca") not in seen[on] and ("tail", "csa") in seen[on]
+    assert {("tail", "hca"), ("tail", "csa")} <= seen[off]
+    layout = model.layout()
+    assert [o.kind for o in layout.exact_at(on) if o.group == "hca"] == ["comp", "swa"]
+    assert [o.kind for o in layout.exact_at(off) if o.group == "hca"] == ["comp", "tail", "swa"]
+
+
 def test_nan_snapshot_is_a_mismatch(model):
     nan = lambda t: torch.full_like(t, float("nan"))      # noqa: E731
     res = check_grid(model, [16], span=4,

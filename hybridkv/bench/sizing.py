@@ -22,14 +22,16 @@ the checkpoint, as every v4-mini hit reads its window from one.
 Fixed split (`runtime_pool_sizes`, `tuned`): per-pool sizes from the budget.  After the floor
 the rest is split between chain units (``unit``: one block in each chain pool) and checkpoint
 sets (the exact objects of a checkpoint at a block boundary: one block in each snapshot pool,
-``ckpt_bytes`` = 3.24 units on v4-mini).  The split cannot follow demand as the simulator's
-borrowing does; it is set from the workload's mean prompt: a cached request keeps about
-RETAINED_PER_REQUEST = 1.2 checkpoints (its end, sometimes a branch point) over mean_tokens / P
-chain blocks, plus mean_tokens / every_n periodic ones, so checkpoint sets per chain unit =
-(1.2 + mean_tokens / every_n) x P / mean_tokens.  Chosen from v4-mini sweeps on both Mooncake
-traces and the bench's synthetic generator (the optimum sits at 0.03-0.05 sets per unit at 10k
-blocks on Mooncake, 0.13 on the generator's shorter prompts, about 0.5 with periodic
-checkpoints at 100k; all at 512-token pages); `--snapshot-fraction` overrides it.
+``ckpt_bytes`` = 2.03 units on v4-mini at 512-token pages, where the HCA tails are empty and so
+no object).  The split cannot follow demand as the simulator's borrowing does; it is set from
+the workload's mean prompt: a cached request keeps about RETAINED_PER_REQUEST = 1.2 checkpoints
+(its end, sometimes a branch point) over mean_tokens / P chain blocks, plus PERIODIC_KEPT =
+0.5 of its mean_tokens / every_n periodic ones (all of them where every_n is a granule finer
+than the page), so checkpoint sets per chain unit = (1.2 + 0.5 x mean_tokens / every_n) x P /
+mean_tokens.  Chosen from v4-mini sweeps on both Mooncake traces and the bench's synthetic
+generator (the optimum sits at 0.03-0.05 sets per unit at 10k blocks on Mooncake, 0.13 on the
+generator's shorter prompts, about 0.3 with periodic checkpoints at 100k; all at 512-token
+pages); `--snapshot-fraction` overrides it.
 
 Periodic checkpoints (both layouts; `tuned`): every_n = 1024 tokens (rounded up to a multiple
 of P) once the budget holds DENSE_REQUESTS = 2000 mean prompts; below that they evict the
@@ -55,6 +57,7 @@ from hybridkv.errors import LayoutWarning
 from hybridkv.layout import ModelLayout, ceil_div
 
 RETAINED_PER_REQUEST = 1.2     # checkpoints a cached request keeps besides periodic ones
+PERIODIC_KEPT = 0.5            # share of its periodic checkpoints it keeps (every 1024 tokens)
 DENSE_REQUESTS = 2000          # periodic checkpoints once the budget holds this many prompts
 DENSE_EVERY_N = 1024
 CHUNK_TOKENS = 2048            # prefill chunk (bench.runtime)
@@ -70,9 +73,10 @@ def tuned(layout_name: str, capacity_blocks: int, mean_tokens: float, page: int 
     mean_tokens = max(mean_tokens, page)
     dense = capacity_blocks * BLOCK >= DENSE_REQUESTS * mean_tokens
     every_n = ceil_div(DENSE_EVERY_N, page) * page if dense else 0
+    kept = PERIODIC_KEPT
     if dense and granule is not None and granule < page:
-        every_n = granule
-    per_request = RETAINED_PER_REQUEST + (mean_tokens / every_n if every_n else 0.0)
+        every_n, kept = granule, 1.0          # every granule's state, as LRU keeps each block's
+    per_request = RETAINED_PER_REQUEST + (kept * mean_tokens / every_n if every_n else 0.0)
     return {"every_n": every_n, "forks": True,
             "checkpoints_per_chain": per_request * page / mean_tokens}
 

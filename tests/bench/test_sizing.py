@@ -3,8 +3,9 @@ chained groups' blocks) or as fixed pools, and which one RuntimeManager picks.""
 import pytest
 
 from hybridkv.bench.runtime import RuntimeManager, runtime_layout
-from hybridkv.bench.sizing import (arena_layout, arena_sizing, byte_budget, runtime_pool_sizes,
-                                   tuned, working_floor)
+from hybridkv.bench.sizing import (PERIODIC_KEPT, RETAINED_PER_REQUEST, arena_layout,
+                                   arena_sizing, byte_budget, runtime_pool_sizes, tuned,
+                                   working_floor)
 
 
 def _chain_bytes_per_512(rl, padded):
@@ -73,3 +74,19 @@ def test_tuned_retention_follows_the_budget_and_the_granule(granule, capacity, w
     assert tuned("full", capacity, 800, 128, granule)["every_n"] == 0
     m = RuntimeManager("v4-mini", capacity, 2000, 800, block_tokens=granule or 128)
     assert m.describe()["every_n"] == want[0] and m.describe()["forks"] is want[1]
+
+
+def test_tuned_sets_count_half_the_periodic_checkpoints_but_every_fine_granule():
+    """Checkpoint sets per chain unit: the end and branch points (RETAINED_PER_REQUEST) plus
+    PERIODIC_KEPT of the periodic ones; where every granule is checkpointed (finer than the
+    page) all of them, as LRU keeps every block's state."""
+    mean, page = 12_000, 512
+    periodic = tuned("v4-mini", 100_000, mean, page)
+    assert periodic["every_n"] == 1024
+    assert periodic["checkpoints_per_chain"] == pytest.approx(
+        (RETAINED_PER_REQUEST + PERIODIC_KEPT * mean / 1024) * page / mean)
+    fine = tuned("v4-mini", 100_000, mean, page, granule=16)
+    assert fine["checkpoints_per_chain"] == pytest.approx(
+        (RETAINED_PER_REQUEST + mean / 16) * page / mean)
+    assert tuned("v4-mini", 1_000, mean, page)["checkpoints_per_chain"] == pytest.approx(
+        RETAINED_PER_REQUEST * page / mean)

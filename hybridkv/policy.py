@@ -44,6 +44,7 @@ from hybridkv.policy_entries import CompactEntries, DenseCompactEntries, plain
 MAX_USES_CLASS = 3
 PRIO = attrgetter("prio")     # an _Entry's priority
 ARRAY_MIN = 32        # admit_chain computes a chain at least this long as numpy columns
+SCAN_MIN = 16         # run_length reads at least this many compact priorities as one column
 
 
 class PolicyError(KeyError):
@@ -354,7 +355,13 @@ class ValuePolicy:
         heapq.heappush(heap, top)
         bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
         n, live, lazy = 1, self._e, self._lazy
-        for key in keys[1:]:
+        rest = keys[1:]
+        if len(rest) >= SCAN_MIN and live.keys().isdisjoint(rest) and \
+                (not forced or set(forced).isdisjoint(rest)):
+            k = lazy.below(rest, bound)                # none forced, none live: all compact?
+            if k is not None:
+                return 1 + k
+        for key in rest:
             if key not in forced:
                 e = live.get(key)                    # its priority (``_prio``, inlined)
                 if not (lazy.prio(key) if e is None else e.prio) < bound:

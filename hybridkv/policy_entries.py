@@ -44,6 +44,11 @@ class CompactEntries(dict):
         """How many of ``keys`` are compact entries."""
         return sum(map(self.__contains__, keys))
 
+    def below(self, keys, bound):
+        """How many of ``keys``, from the first, have a priority below ``bound`` when every
+        one is a compact entry, else None (the caller asks key by key): a dict answers None."""
+        return None
+
     def pop_max_prio(self, keys, default):
         """Remove the compact entries ``keys``; the largest priority among them (``default``
         when there are none)."""
@@ -153,6 +158,17 @@ class DenseCompactEntries:
         except KeyError:
             return sum(map(self.__contains__, keys))
         return int(np.count_nonzero(self.meta_ids[rows] >= 0))
+
+    def below(self, keys, bound):
+        """One gather of the priorities (None unless every key is a compact entry)."""
+        try:
+            rows = self._rows(keys)
+        except KeyError:
+            return None
+        if not len(rows) or (self.meta_ids[rows] < 0).any():
+            return None
+        stop = ~(self.prios[rows] < bound)             # (a NaN stops, as ``not p < bound``)
+        return int(np.argmax(stop)) if stop.any() else len(rows)
 
     def pop_max_prio(self, keys, default):
         if not len(keys):

@@ -2,6 +2,7 @@
 import random
 from itertools import groupby
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,8 @@ from hybridkv.bench.managers import LRUManager, PolicyManager
 from hybridkv.bench.replay import belady_summary, replay
 from hybridkv.bench.traces import synthetic_trace
 from hybridkv.policy import (EntryMeta, EvictionPolicy, FilteredLRUPolicy, LRUPolicy,
-                             PolicyError, ValuePolicy, marconi_checkpoints)
+                             PolicyError, SCAN_MIN, ValuePolicy, marconi_checkpoints)
+from hybridkv.policy_entries import CompactEntries, DenseCompactEntries
 from tests.cache.helpers import UnkeptCounting
 
 
@@ -314,8 +316,12 @@ def test_compact_chain_entries_answer_every_call_as_entries_admitted_one_by_one(
                 return p.victim()
             if op == "run":
                 v = p.victim()
-                rest = sorted((k for k in keys if k != v and k in p), key=lambda k: -flops[k])
-                run = [] if v is None else [v] + rest[:3]      # the most valuable next
+                # the most valuable next (short runs), or the least valuable, up to 2 x
+                # SCAN_MIN long (run_length then reads the compact priorities as a column)
+                sign = -1 if key % 3 else 1
+                rest = sorted((k for k in keys if k != v and k in p),
+                              key=lambda k: sign * flops[k])
+                run = [] if v is None else [v] + rest[:3 if key % 3 else 2 * SCAN_MIN]
                 n_run = p.run_length(run, frozenset(run[1:2] if key % 2 else ())) if run else 0
                 p.remove_run(run[:n_run])
                 return n_run
@@ -366,3 +372,21 @@ def test_filtered_lru_chain_turns_filtered_where_one_by_one_admission_does(n):
         assert (chain._entered, chain._n_in, repr(chain._seq)) == \
             (one._entered, one._n_in, repr(one._seq))
     assert len(turns) > 2                                 # the turn moves with the history
+
+
+@settings(max_examples=300, deadline=None)
+@given(prios=st.lists(st.integers(0, 6), min_size=1, max_size=40), bound=st.integers(0, 7),
+       data=st.data())
+def test_dense_below_is_the_key_by_key_scan(prios, bound, data):
+    """``DenseCompactEntries.below`` (run_length's column read): the number of leading keys
+    whose priority is below the bound, a tie ending it, as run_length's key-by-key loop
+    counts; None when a key is not a compact entry (the loop then asks, and raises)."""
+    n = len(prios) + 4
+    dense = DenseCompactEntries(n)
+    keys = data.draw(st.permutations(range(n)))[:len(prios)]
+    dense.put_run(np.asarray(keys), [float(q) for q in prios], [0.0] * len(keys), ("b", 1, "t"))
+    scan = next((i for i, k in enumerate(keys) if not dense.prio(k) < bound), len(keys))
+    assert dense.below(keys, float(bound)) == scan
+    others = [k for k in range(n) if k not in keys]
+    assert dense.below(keys + others[:1], float(bound)) is None
+    assert CompactEntries().below(keys, float(bound)) is None

@@ -356,9 +356,8 @@ class ValuePolicy:
         bound = self._e[rival].prio if rival is not None else float("inf")     # eligible
         n, live, lazy = 1, self._e, self._lazy
         rest = keys[1:]
-        if len(rest) >= SCAN_MIN and live.keys().isdisjoint(rest) and \
-                (not forced or set(forced).isdisjoint(rest)):
-            k = lazy.below(rest, bound)                # none forced, none live: all compact?
+        if len(rest) >= SCAN_MIN and (not forced or set(forced).isdisjoint(rest)):
+            k = lazy.below(rest, bound)       # None unless all are compact (so none is live)
             if k is not None:
                 return 1 + k
         for key in rest:

@@ -58,6 +58,8 @@ def _removed(members, x):
 
 
 ENTRY_KEY, ENTRY_EXACT = attrgetter("key"), attrgetter("exact")
+ENTRY_ANCHORED, ENTRY_CHILDREN = attrgetter("anchored"), attrgetter("children")
+PARENT_BLOCK = attrgetter("parent.block")
 
 
 class _Entry:
@@ -265,9 +267,9 @@ class PrefixIndex:
         parents = [parent, *map(refs.__getitem__, blocks[:-1])]
         children = [*zip(blocks[1:]), NONE]                # 1-tuples, as _added makes
         kept = list(map(made.__getitem__, blocks))
-        for e, key, up, down in zip(kept, keys, parents, children):
-            e.refill(key, False, up, down)
-        ents.update(zip(blocks, kept))
+        for e, key, up, down in zip(kept, keys, parents, children):   # ``refill`` inline:
+            e.key, e.exact, e.parent, e.children, e.anchored = key, False, up, down, NONE
+        ents.update(zip(blocks, kept))                     # no call per block
 
     def add_checkpoint(self, H, key, anchors):
         """Record a checkpoint at H hanging from ``anchors`` (published chain blocks); False
@@ -316,6 +318,13 @@ class PrefixIndex:
         edited (both leave): ``_take`` skips it, and with it only reports of run blocks."""
         pk, leaves, dead, run = (kind, group), [], [], set(blocks)
         ents, chain = self.entries[pk], self.chain[pk]
+        if self._lone_chain(pk, blocks, run):        # all but the top one at once
+            body = list(blocks[:-1])
+            keys = list(map(ENTRY_KEY, map(ents.__getitem__, body)))
+            if list(map(chain.get, keys)) == body:
+                list(map(chain.__delitem__, keys))
+                list(map(ents.__delitem__, body))
+                blocks = blocks[-1:]
         for b in blocks:
             e = ents.get(b)
             if e is None or e.exact or e.anchored or e.parent is None or \
@@ -326,6 +335,24 @@ class PrefixIndex:
             if chain.get(e.key) == b:   # else, reports nothing: only its map entry goes
                 del chain[e.key]
         return leaves, [d for d in dead if d.block not in run or (d.kind, d.group) != pk]
+
+    def _lone_chain(self, pk, blocks, run):
+        """Each of ``blocks`` but the last is a published chain block with no checkpoint of
+        its own, whose parent is the next one given and whose children are in ``run`` (the
+        one before it, for all but the first): what ``unpublish_run`` takes out editing
+        nothing and reporting nothing, found with no Python step per block."""
+        if len(blocks) < 2:
+            return False
+        ents = self.entries[pk]
+        body = list(map(ents.get, blocks[:-1]))
+        if None in body or any(map(ENTRY_EXACT, body)) or any(map(ENTRY_ANCHORED, body)):
+            return False
+        try:
+            ups = list(map(PARENT_BLOCK, body))
+        except AttributeError:                        # a parent None
+            return False
+        return ups == list(blocks[1:]) and run.issuperset(body[0].children) and \
+            list(map(ENTRY_CHILDREN, body[1:])) == list(zip(blocks[:-2]))
 
     def _take(self, pk, b, leaves, dead, run=frozenset()):
         """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``).
@@ -362,15 +389,16 @@ class PrefixIndex:
         on from the parent."""
         pk = (kind, group)
         ents, parents = self.entries[pk], []
-        e = ents.get(b)
-        while e is not None and e.parent is not None and len(parents) < limit:
+        get, add = ents.get, parents.append
+        e = get(b)
+        while limit > 0 and e is not None and e.parent is not None:
             p = e.parent.block
-            pe = ents.get(p)
+            pe = get(p)
             if pe is None or len(pe.children) != 1 or \
                     ((e.exact or e.anchored) and self._kills_in(pk, b, e)):
                 break
-            parents.append(p)
-            b, e = p, pe
+            add(p)
+            b, e, limit = p, pe, limit - 1
         if pk == self.ends_pool:             # its blocks record their own ends: none dead
             return parents, [False] * len(parents)
         return parents, [not (ents[p].anchored or ents[p].exact) for p in parents]

@@ -13,6 +13,7 @@ from itertools import repeat
 from operator import add
 
 from hybridkv.cache.arena_pool import PageCountedSet
+from hybridkv.cache.index import PARENT_BLOCK
 
 CHAIN_RUN_MIN = 2       # a single block is settled alone
 
@@ -38,7 +39,7 @@ class Liveness:
         parent is the next one given (so each but the first has a child)."""
         ents = self.index.entries[pk]
         try:
-            ups = [ents[b].parent.block for b in blocks[:-1]]
+            ups = list(map(PARENT_BLOCK, map(ents.__getitem__, blocks[:-1])))
             ents[blocks[-1]]
         except (KeyError, AttributeError, IndexError):  # unpublished, a parent missing, none
             return False
@@ -93,7 +94,12 @@ class Liveness:
             return False
         top = self.index.entries[pk][blocks[-1]].parent
         counts = list(map(below.get, blocks, repeat(0)))
-        k = 0 if counts[0] > 0 else next((i for i in range(1, n) if counts[i] > 1), n)
+        if counts[0] > 0:
+            k = 0
+        elif n == 1 or max(counts[1:]) <= 1:        # (most frees: one C pass, none stays)
+            k = n
+        else:
+            k = next(i for i in range(1, n) if counts[i] > 1)
         dead, blocked = blocks[:k], self.blocked[pk]
         live.difference_update(dead)
         blocked.difference_update(dead)
@@ -133,11 +139,10 @@ class Liveness:
         """``unlink`` of a chain run that left the index, deepest first, ``parent`` the top
         one's parent: only a live block changes a count, and each but the top one's parent
         left with the run."""
-        below, blocked, live = self.below[pk], self.blocked[pk], self.live[pk]
-        for b in blocks[:-1]:
-            below.pop(b, None)
-            blocked.discard(b)
-            live.discard(b)
+        below, body = self.below[pk], blocks[:-1]
+        list(map(below.pop, body, repeat(None)))
+        self.blocked[pk].difference_update(body)
+        self.live[pk].difference_update(body)
         self.unlink(pk, blocks[-1], parent)
 
     def takeable(self, pk, b):

@@ -14,6 +14,7 @@ admission counts per pool only what eviction can take, ``n_free + cached - block
 (hybridkv.cache.liveness.Liveness keeps live and blocked).
 """
 import contextlib
+from bisect import bisect_left
 from itertools import groupby, repeat
 from operator import mul
 
@@ -100,6 +101,7 @@ class Evictor:
                 keep = [i for i, (b, st) in enumerate(zip(pool_blocks, sts))
                         if st != PINNED and b in ents]
                 changed, states = [pool_blocks[i] for i in keep], [sts[i] for i in keep]
+            freed = CACHED_SET.issuperset(states)               # (each was PINNED: live)
             k = self._fresh_prefix(admitted, pool_blocks) if chain else None
             uses_seq = getattr(policy, "admit_uses_seq", True)
             if uses_seq and k is not None:
@@ -122,9 +124,8 @@ class Evictor:
                                               for col in (pool_blocks, at, exact))
                 admitted.update(pool_blocks)                # else none admitted yet: all
                 self._admit_chains(pk, pool_blocks, at, exact, tag)
-                self._place_run(pk, changed, states, chain, fresh=True)
-            self.liveness.settle_chain(pk, changed, chain,      # (each was PINNED: live)
-                                       freed=CACHED_SET.issuperset(states))
+                self._place_run(pk, changed, states, chain, fresh=True, all_cached=freed)
+            self.liveness.settle_chain(pk, changed, chain, freed=freed)
 
     @staticmethod
     def _unpinned_head(blocks, at, exact, sts):
@@ -156,10 +157,9 @@ class Evictor:
     def _fresh_prefix(admitted, blocks):
         """k where ``blocks[:k]`` are not in ``admitted`` and ``blocks[k:]`` all are (a chain
         given deepest first whose top the request reused); None when they are not split so."""
-        k = len(blocks)
-        while k and blocks[k - 1] in admitted:
-            k -= 1
-        return k if admitted.isdisjoint(blocks[:k]) else None
+        k = bisect_left(blocks, True, key=admitted.__contains__)   # where such a split is
+        return k if admitted.isdisjoint(blocks[:k]) and admitted.issuperset(blocks[k:]) \
+            else None                                  # (none: the search found some k)
 
     def _admit_chains(self, pk, blocks, at, exact, tag):
         """New policy entries for ``blocks`` (not admitted yet; their positions and exact
@@ -180,15 +180,18 @@ class Evictor:
                                list(map(float, map(mul, run_at, repeat(pool.n_layers)))),
                                tag, self.clock)
 
-    def _place_run(self, pk, blocks, states, chain=False, fresh=False):
+    def _place_run(self, pk, blocks, states, chain=False, fresh=False, all_cached=None):
         """Each of ``blocks`` (published, with its state), in order, in or out of ``cached``
         and offered to the policy while a cached leaf (``refresh`` with the state in hand).
         ``chain``: ``blocks`` are a chain given deepest first (Liveness.chain_of), so only the
         first can be a leaf.  ``fresh``: none is cached or eligible yet (each was PINNED
-        before this call's caller unpinned it: a free's reads)."""
+        before this call's caller unpinned it: a free's reads).  ``all_cached``: whether every
+        one of ``states`` is a cached state, when the caller knows (None: found here)."""
         cached, eligible, policy = self.cached[pk], self.eligible[pk], self.policies[pk]
         ents = self.index.entries[pk]
-        if len(blocks) >= PLACE_RUN_MIN and set(states) <= CACHED_SET and \
+        if all_cached is None:
+            all_cached = CACHED_SET.issuperset(states)
+        if len(blocks) >= PLACE_RUN_MIN and all_cached and \
                 (fresh or eligible.isdisjoint(blocks)):   # newly cached (a free): leaves join
             cached.update(blocks)
             leaves = [b for b in (blocks[:1] if chain else blocks) if not ents[b].children]

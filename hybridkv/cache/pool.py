@@ -228,14 +228,15 @@ class Pool:
         self._landed(b, event, rec, new)
         return new
 
-    def fire_run(self, blocks, event, *args):
+    def fire_run(self, blocks, event, *args, distinct=False):
         """``fire`` on each of ``blocks`` in order (``args``: scalars, or lists of one value per
         block); the new records are in ``recs`` (read them with ``recs.values``).  A run of
         ``run_min`` or more distinct blocks is one gather of their rows, each guard and the
         effect called once over the columns, one scatter; a refused block raises
-        TransitionRefused and changes nothing.  Checked mode shadows every block."""
+        TransitionRefused and changes nothing.  Checked mode shadows every block.
+        ``distinct``: the caller found ``blocks`` distinct (not checked again)."""
         n = len(blocks)
-        if n < self.run_min or len(set(blocks)) != n:
+        if n < self.run_min or not distinct and len(set(blocks)) != n:
             fire = self.fire
             if not args:                            # most short runs: one or two blocks
                 for b in blocks:

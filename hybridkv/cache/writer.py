@@ -473,7 +473,8 @@ class ObjectWriter:
                 for pk, p in req.reads.runs()}                     # walks up a chain
         if all(len(set(blocks)) == len(blocks) for blocks, _, _ in runs.values()):
             for pk, (blocks, _, _) in runs.items():        # distinct: a run per pool, each
-                self.pools[pk].fire_run(blocks, "unpin")   # block's own record only
+                self.pools[pk].fire_run(blocks, "unpin",   # block's own record only
+                                        distinct=True)
             self.evictor.admit_reads(runs, (req.hint,))
         else:
             for pk, (blocks, at, exact) in runs.items():

@@ -14,6 +14,7 @@ from operator import itemgetter
 import numpy as np
 
 PRIO_OF_COMPACT = itemgetter(0)
+SHORT_RUN = 16      # a dense store takes a shorter run key by key (numpy's fixed cost: ~20 us)
 
 
 def plain(values):
@@ -137,6 +138,12 @@ class DenseCompactEntries:
         if meta_id is None:
             meta_id = self._meta_ids[meta] = len(self.metas)
             self.metas.append(meta)
+        if type(rows) is list:                         # a short run (``fresh_run``)
+            _prio, _flops, _meta, _member = self._prio, self._flops, self._meta, self._member
+            for k, p, f in zip(rows, plain(prios), plain(flops)):
+                _prio[k], _flops[k], _meta[k], _member[k] = p, f, meta_id, 1
+            self.count += len(rows)
+            return
         self.prios[rows] = prios
         self.flops[rows] = flops
         self.meta_ids[rows] = meta_id
@@ -144,7 +151,14 @@ class DenseCompactEntries:
         self.count += len(rows)
 
     def fresh_run(self, keys, live):
-        """As CompactEntries' (the keys as rows); KeyError for a key outside the space."""
+        """As CompactEntries' (the keys as rows: a list for a short run of ints in the space,
+        read key by key, else an int array); KeyError for a key outside the space."""
+        n = len(keys)
+        if 0 < n < SHORT_RUN and list(map(type, keys)).count(int) == n and \
+                min(keys) >= 0 and max(keys) < self.n:
+            if len(set(keys)) != n or any(map(self._member.__getitem__, keys)):
+                return None
+            return list(keys)
         rows = self._rows(keys)
         if self.members[rows].any():
             return None

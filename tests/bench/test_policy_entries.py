@@ -69,11 +69,12 @@ def test_a_removed_key_can_be_admitted_again_in_a_dense_store():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["put", "pop", "remove"]),
-                          st.lists(st.integers(0, 15), max_size=6, unique=True)), max_size=25))
+                          st.lists(st.integers(0, 39), max_size=24, unique=True)), max_size=25))
 def test_dense_store_answers_as_the_dict_store(ops):
     """DenseCompactEntries against CompactEntries (the dict) on random runs of puts, pops and
-    removals: the same entries, counts, priorities and answers."""
-    d, a = CompactEntries(), DenseCompactEntries(16)
+    removals: the same entries, counts, priorities and answers; runs both shorter and longer
+    than SHORT_RUN (a short one is taken key by key)."""
+    d, a = CompactEntries(), DenseCompactEntries(40)
     live = {}
     prio = 0.0
     for op, keys in ops:
@@ -99,7 +100,7 @@ def test_dense_store_answers_as_the_dict_store(ops):
         assert len(d) == len(a)
         assert dict(d.items()) == dict(a.items())
         assert all(d.prio(k) == a.prio(k) for k in d)
-        for k in (k for k in range(-1, 17) if k not in d):
+        for k in (k for k in range(-1, 41) if k not in d):
             for store in (d, a):
                 with pytest.raises(KeyError):
                     store.prio(k)

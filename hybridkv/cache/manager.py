@@ -408,8 +408,10 @@ class CacheManager:
         """Write every block the next ``num_new_tokens`` positions (and ``num_draft_tokens``
         draft positions after them) need; all or nothing.  Returns the Allocation."""
         req = self._request(request_id)
-        check_count("num_new_tokens", num_new_tokens)
-        check_count("num_draft_tokens", num_draft_tokens)
+        if type(num_new_tokens) is not int or num_new_tokens < 0:      # (check_count's
+            check_count("num_new_tokens", num_new_tokens)              # error; a decode
+        if type(num_draft_tokens) is not int or num_draft_tokens < 0:  # step's ints pass
+            check_count("num_draft_tokens", num_draft_tokens)          # with no call)
         if req.num_draft_tokens:
             raise DraftsPending("accept or reject the pending drafts first", req.num_draft_tokens)
         start = req.plan.reuse_tokens if req.phase == LOOKED else req.num_allocated_tokens
@@ -506,7 +508,8 @@ class CacheManager:
         only past those (an engine that commits a step before it runs keeps what the step
         reads).  Returns the captures' copies (SlotCopy, for a worker that moves the bytes)."""
         req = self._request(request_id)
-        check_count("num_tokens", num_tokens)
+        if type(num_tokens) is not int or num_tokens < 0:
+            check_count("num_tokens", num_tokens)
         L = req.num_computed_tokens
         if req.phase == LOOKED or num_tokens > req.num_allocated_tokens - L:
             raise CommitPastAllocation("commit past allocation", (
@@ -538,6 +541,8 @@ class CacheManager:
                 (req.unpublished and req.unpublished[0][0] <= len(known)):
             self.writer.commit(req)
             self.writer.horizon(req)
+        if not self.snapshots.copies:       # (most commits capture nothing)
+            return ()
         copies, self.snapshots.copies = tuple(self.snapshots.copies), []
         return copies
 

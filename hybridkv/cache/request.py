@@ -223,9 +223,10 @@ def check_tokens(token_ids, vocab):
 def _check(token_ids, vocab):
     """``check_tokens``' list, and the int64 packing its range check read (an ``array("q")``)
     or None where a short list was checked in a plain loop."""
-    if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple)):
+    if type(token_ids) is not list and hasattr(token_ids, "tolist") and \
+            not isinstance(token_ids, (list, tuple)):
         token_ids = token_ids.tolist()
-    if not isinstance(token_ids, (list, tuple)):
+    if type(token_ids) is not list and not isinstance(token_ids, (list, tuple)):
         raise BadTokens("token_ids must be a sequence of ints", type(token_ids).__name__)
     if not token_ids:
         return [], None

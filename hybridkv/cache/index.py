@@ -318,9 +318,9 @@ class PrefixIndex:
         edited (both leave): ``_take`` skips it, and with it only reports of run blocks."""
         pk, leaves, dead, run = (kind, group), [], [], set(blocks)
         ents, chain = self.entries[pk], self.chain[pk]
-        if self._lone_chain(pk, blocks, run):        # all but the top one at once
-            body = list(blocks[:-1])
-            keys = list(map(ENTRY_KEY, map(ents.__getitem__, body)))
+        lone = self._lone_chain(pk, blocks, run)     # all but the top one at once
+        if lone is not None:
+            body, keys = list(blocks[:-1]), list(map(ENTRY_KEY, lone))
             if list(map(chain.get, keys)) == body:
                 list(map(chain.__delitem__, keys))
                 list(map(ents.__delitem__, body))
@@ -337,22 +337,24 @@ class PrefixIndex:
         return leaves, [d for d in dead if d.block not in run or (d.kind, d.group) != pk]
 
     def _lone_chain(self, pk, blocks, run):
-        """Each of ``blocks`` but the last is a published chain block with no checkpoint of
-        its own, whose parent is the next one given and whose children are in ``run`` (the
-        one before it, for all but the first): what ``unpublish_run`` takes out editing
-        nothing and reporting nothing, found with no Python step per block."""
+        """The entries of ``blocks`` but the last when each is a published chain block with no
+        checkpoint of its own, whose parent is the next one given and whose children are in
+        ``run`` (the one before it, for all but the first): what ``unpublish_run`` takes out
+        editing nothing and reporting nothing, found with no Python step per block; else
+        None."""
         if len(blocks) < 2:
-            return False
+            return None
         ents = self.entries[pk]
         body = list(map(ents.get, blocks[:-1]))
         if None in body or any(map(ENTRY_EXACT, body)) or any(map(ENTRY_ANCHORED, body)):
-            return False
+            return None
         try:
             ups = list(map(PARENT_BLOCK, body))
         except AttributeError:                        # a parent None
-            return False
-        return ups == list(blocks[1:]) and run.issuperset(body[0].children) and \
+            return None
+        lone = ups == list(blocks[1:]) and run.issuperset(body[0].children) and \
             list(map(ENTRY_CHILDREN, body[1:])) == list(zip(blocks[:-2]))
+        return body if lone else None
 
     def _take(self, pk, b, leaves, dead, run=frozenset()):
         """Take block b of pool ``pk`` out; append to ``leaves`` and ``dead`` (``unpublish``).

@@ -93,14 +93,14 @@ def test_a_plain_chain_run_takes_the_set_at_once_path():
     parents = [None, *range(9)]
     index = built(parents, [], [])
     run = list(range(9, 2, -1))
-    assert index._lone_chain(PK, run, set(run))
-    assert not index._lone_chain(PK, run[1:], set(run[1:]))        # 8 keeps child 9
+    assert index._lone_chain(PK, run, set(run)) == [index.entries[PK][b] for b in run[:-1]]
+    assert index._lone_chain(PK, run[1:], set(run[1:])) is None     # 8 keeps child 9
     leaves, dead = index.unpublish_run(PK[0], PK[1], run)
     assert leaves == [ref(2)] and dead == []
     assert sorted(index.entries[PK]) == [0, 1, 2] and index.entries[PK][2].children == ()
     assert sorted(index.chain[PK].values()) == [0, 1, 2]
     anchored = built(parents, [5], [])
-    assert not anchored._lone_chain(PK, run, set(run))
+    assert anchored._lone_chain(PK, run, set(run)) is None
 
 
 @settings(max_examples=300, deadline=None)

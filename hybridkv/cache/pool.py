@@ -86,7 +86,10 @@ class Pool:
         self.abi_of = [abi] * num_blocks
         self._abi_verdicts = {}   # (guard, stored ABI, pool ABI) -> its verdict (abi_ok)
         self.recs = RecordColumns(self.rec_type, num_blocks)
-        self.free = list(range(num_blocks - 1, -1, -1))   # stack; stale entries skipped
+        self.ids = list(range(num_blocks))     # block -> its one int object: every id a
+        #                                        set or dict stores is it, so probes stop at
+        #                                        the identity test
+        self.free = self.ids[::-1]             # stack; stale entries skipped
         self.is_free = bytearray(b"\x01") * num_blocks
         self.n_free, self.n_writing = num_blocks, 0
         self.shadows = [CheckedMachine(self.table) for _ in range(num_blocks)] if checked else None
@@ -317,7 +320,7 @@ class Pool:
         if new == FREE:
             self.is_free[b] = 1
             self.n_free += 1
-            self.free.append(b)
+            self.free.append(self.ids[b])
             self.abi_of[b] = self._abi
 
     def _moved_run(self, blocks, old, new):
@@ -329,7 +332,7 @@ class Pool:
             np.frombuffer(self.is_free, dtype=np.uint8)[np.asarray(blocks)] = new == FREE
             self.n_free += n if new == FREE else -n
         if new == FREE:
-            self.free.extend(blocks)
+            self.free.extend(map(self.ids.__getitem__, blocks))
             abi_of, abi = self.abi_of, self._abi
             for b in blocks:
                 abi_of[b] = abi
@@ -409,7 +412,7 @@ class Pool:
             raise BadArgument("records do not fit this pool", (self.kind, len(recs)))
         self.recs.load(recs)
         self.is_free = bytearray(r.st == FREE for r in recs)
-        self.free = [b for b in range(self.n - 1, -1, -1) if recs[b].st == FREE]
+        self.free = [b for b in self.ids[::-1] if recs[b].st == FREE]
         self.n_free, self.n_writing = len(self.free), sum(r.st == WRITING for r in recs)
         if self.shadows is not None:
             self.shadows = [CheckedMachine(self.table) for _ in recs]

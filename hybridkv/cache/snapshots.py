@@ -59,6 +59,8 @@ class Snapshots:
         """{P: tags} of the retention points in (start, end]."""
         gran, pts = self.layout.granule, {}
         last = req.prompt_len - 1 if self.objectless else end    # (next_point: none past it)
+        if min(end, last) < max(start + 1, gran):     # no P that ``add`` takes fits: a decode
+            return pts                                # step of an objectless layout, a no-op
 
         def add(P, tag):
             if start < P <= min(end, last) and P > 0 and P % gran == 0:

@@ -116,7 +116,10 @@ class Arena:
 
     def held_pages(self, page):
         """The pages the block whose first page is ``page`` holds."""
-        return [p for p in self.pages_of(page) if p != NO_PAGE]
+        more = self.more_pages.get(page)
+        if more is None:                      # a one-page block's slot (or no block's)
+            return [page] if page != NO_PAGE else []
+        return [p for p in (page, *more) if p != NO_PAGE]
 
     # -- pages change owner only while FREE ----------------------------------------------------
     def _need_free(self, n):
@@ -136,8 +139,14 @@ class Arena:
         return self._own_top(pool_key, block)
 
     def _own_top(self, pool_key, block):
-        """The page on top of the free list (``can_take`` checked by the caller), owned now."""
-        return self._own_tops(pool_key, (block,))[0]
+        """The page on top of the free list (``can_take`` checked by the caller), owned now:
+        ``_own_tops`` of one block without its run's slicing."""
+        self._need_free(1)
+        page = self.free.pop()
+        self.page_state[page], self.owner[page], self.owner_block[page] = \
+            PAGE_OWNED, pool_key, block
+        self.pages_held[pool_key] += 1
+        return page
 
     def _own_tops(self, pool_key, blocks):
         """``_own_top`` for each of ``blocks`` in order (``can_take`` checked by the caller):

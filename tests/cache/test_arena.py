@@ -73,7 +73,7 @@ def test_pages_change_owner_only_while_free(monkeypatch):
     """Every page's history alternates take / give (never retyped while held); under pressure
     pages do pass from one kind to another."""
     history = {}                        # per page, whatever path (one block or a run) moved it
-    take, give = Arena._own_tops, Arena._give_pages
+    take, take_one, give = Arena._own_tops, Arena._own_top, Arena._give_pages
 
     def took(self, pk, blocks):
         pages = take(self, pk, blocks)
@@ -81,12 +81,18 @@ def test_pages_change_owner_only_while_free(monkeypatch):
             history.setdefault(page, []).append(("take", pk))
         return pages
 
+    def took_one(self, pk, block):
+        page = take_one(self, pk, block)
+        history.setdefault(page, []).append(("take", pk))
+        return page
+
     def gave(self, pk, pages):
         give(self, pk, pages)
         for page in pages:
             history[page].append(("give", pk))
 
     monkeypatch.setattr(Arena, "_own_tops", took)
+    monkeypatch.setattr(Arena, "_own_top", took_one)
     monkeypatch.setattr(Arena, "_give_pages", gave)
     m = mk(64)
     rng = random.Random(1)

@@ -232,3 +232,21 @@ def test_an_allocation_takes_exactly_the_pages_admission_counted(every_n, first,
         m.commit("a", n)
         start += n
     m.check_invariants()
+
+
+def test_held_pages_are_the_block_pages_it_holds_for_every_slot():
+    """``held_pages`` (a one-page slot answered without building its sub-page list) is
+    ``pages_of`` less NO_PAGE for every slot: a one-page block's, a window block's with some
+    sub-pages taken, a free page's own id, and NO_PAGE (a FREE block's slot: none)."""
+    m = mk(64)
+    m.lookup("a", list(range(30)))
+    m.allocate("a", 6)
+    a = m.arena
+    assert a.held_pages(NO_PAGE) == []
+    for page in range(a.num_pages):
+        assert a.held_pages(page) == [p for p in a.pages_of(page) if p != NO_PAGE], page
+    slots = list(window_pages(m, "a"))
+    assert slots and any(len(a.held_pages(s)) > 1 for s in slots)
+    m.commit("a", 6)
+    m.free("a")
+    m.check_invariants()

@@ -44,13 +44,13 @@ class ObjRef(NamedTuple):
     block: int
 
 
-def block_refs(kind, group, num_blocks):
+def block_refs(kind, group, ids):
     """Block id -> the pool's one ObjRef for it (a list), every one made with the pool and
     kept: the index, the evictor and the launches share it (no per-use tuple), and the garbage
     collector finds them in the start-up heap (an engine freezes it, as vLLM's does with its
-    block objects), not piling up in the old generation as block ids are first used."""
-    return list(map(partial(tuple.__new__, ObjRef),
-                    zip(repeat(kind), repeat(group), range(num_blocks))))
+    block objects), not piling up in the old generation as block ids are first used.  ``ids``:
+    the pool's block id objects (``Pool.ids``), so ``ref.block`` is the same int object."""
+    return list(map(partial(tuple.__new__, ObjRef), zip(repeat(kind), repeat(group), ids)))
 
 
 class Pool:
@@ -79,16 +79,17 @@ class Pool:
         self.slots_aligned = bool(np.all(can_hit_bytes(           # layer 4, once per slot
             self._base + np.arange(self._first.shape[1], dtype=np.int64) * self._slot_bytes,
             self.block_nbytes, GPU_BLOCK_ALIGN)))
-        self.refs = block_refs(kind, self.group, num_blocks)  # block -> its ObjRef
-        self.phys = list(range(num_blocks))
+        self.ids = list(range(num_blocks))     # block -> its one int object: the free list,
+        #                                        the refs and every set or dict that stores a
+        #                                        block id hold it, so probes stop at the
+        #                                        identity test
+        self.refs = block_refs(kind, self.group, self.ids)  # block -> its ObjRef
+        self.phys = list(self.ids)
         self.spare = num_blocks
         self._abi, self.abi_uniform = abi, True
         self.abi_of = [abi] * num_blocks
         self._abi_verdicts = {}   # (guard, stored ABI, pool ABI) -> its verdict (abi_ok)
         self.recs = RecordColumns(self.rec_type, num_blocks)
-        self.ids = list(range(num_blocks))     # block -> its one int object: every id a
-        #                                        set or dict stores is it, so probes stop at
-        #                                        the identity test
         self.free = self.ids[::-1]             # stack; stale entries skipped
         self.is_free = bytearray(b"\x01") * num_blocks
         self.n_free, self.n_writing = num_blocks, 0

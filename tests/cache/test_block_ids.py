@@ -3,11 +3,12 @@ the free list from anywhere -- a policy victim computed by numpy, a run of ids c
 an array, an id the caller built itself -- goes back as the pool's own object, so the sets and
 dicts keyed by block ids (the evictor's, the liveness', the index's) meet the same object they
 stored and their probes stop at the identity test instead of comparing two ints."""
+import random
+
 import numpy as np
 
 from hybridkv.cache import CacheManager
 from hybridkv.layout import ModelLayout
-from tests.cache.helpers import LAY, P40
 
 
 def _fresh(b):
@@ -31,17 +32,22 @@ def test_a_block_freed_under_another_int_object_comes_back_as_the_pools_own():
 
 
 def test_a_served_stream_keeps_every_stored_block_id_the_pools_own():
-    """After evictions (policy victims) and frees, every block id the evictor and the index
-    hold is the pool's object for it."""
-    m = CacheManager(LAY, num_blocks=48, checked=True)
-    for i in range(12):
-        prompt = [(t + 17 * i) % 250 for t in P40]
-        m.lookup(i, prompt)
-        a = m.allocate(i, 40 - m.requests[i].plan.reuse_tokens)
+    """After evictions (policy victims) and frees, every block id the evictor, the liveness,
+    the index and the free list hold -- and every block's ObjRef -- is the pool's object for
+    it (a pool past the small-int cache, used through its high ids)."""
+    m = CacheManager(ModelLayout.full(block_size=4), num_blocks=600, device="meta",
+                     checked=True)
+    rng = random.Random(0)
+    for i in range(200):
+        prompt = [rng.randrange(250) for _ in range(80)]
+        a = m.allocate(i, 80 - m.lookup(i, prompt).reuse_tokens)
         m.commit(i, a.end - a.start)
         m.free(i)
     m.check_invariants()
-    for pk, pool in m.pools.items():
-        stored = [*m.evictor.cached[pk], *m.evictor.admitted[pk], *m.evictor.eligible[pk],
-                  *m.index.entries[pk], *pool.free]
-        assert stored and all(b is pool.ids[b] for b in stored), pk
+    pk = ("comp", "full")
+    pool, ev = m.pools[pk], m.evictor
+    stored = [*ev.cached[pk], *ev.admitted[pk], *ev.eligible[pk], *ev.liveness.live[pk],
+              *m.index.entries[pk], *m.index.chain[pk].values(), *pool.free]
+    assert len([b for b in stored if b > 256]) > 300          # the high ids were used
+    assert all(b is pool.ids[b] for b in stored)
+    assert all(ref.block is pool.ids[ref.block] for ref in pool.refs)

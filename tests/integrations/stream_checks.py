@@ -193,3 +193,30 @@ def test_at_most_max_prepared_tokens_wait_prepared(monkeypatch):
     started = {rid for rid, t in kv.tracked.items() if t.started}
     assert started and not kv.prepared.keys() & started     # started ones leave the set
     assert kv.prepared_tokens == sum(kv.prepared.values())
+
+
+@pytest.mark.parametrize("side", ["stock", "ours"])
+def test_each_allocate_slots_call_is_timed_under_what_it_does(side):
+    # one request alone: a 40-token prompt in one chunk, then 20 output tokens -- the first
+    # sampled from the prefill, each other one a decode step at positions 40 .. 58
+    scheduler, hasher = build_scheduler(side, "full", 4000, MAX_LEN, 8, 2048)
+    result = StreamRun(scheduler, hasher, [StreamRequest("a", 0.0, list(range(1, 41)), 20)]).run()
+    assert result.finished == 1
+    bs = scheduler.block_size
+    decode = {"decode opening a block": [p for p in range(40, 59) if p % bs == 0],
+              "decode completing a block": [p for p in range(40, 59) if p % bs == bs - 1]}
+    decode["decode within a block"] = [p for p in range(40, 59) if p % bs not in (0, bs - 1)]
+    counts = {kind: len(ns) for kind, ns in result.call_ns.items()}
+    assert counts == {"prefill": 1, **{kind: len(at) for kind, at in decode.items()}}
+    assert counts["decode opening a block"] and counts["decode completing a block"]
+    assert all(t > 0 for ns in result.call_ns.values() for t in ns)
+    assert sum(map(sum, result.call_ns.values())) <= sum(result.step_ns)
+
+
+def test_call_kind_follows_the_position_in_the_block():
+    from hybridkv.integrations.vllm.stream_run import call_kind
+    cases = {(0, 40): "prefill", (32, 2): "prefill", (48, 1): "decode opening a block",
+             (0, 1): "decode opening a block", (47, 1): "decode completing a block",
+             (15, 1): "decode completing a block", (49, 1): "decode within a block",
+             (46, 1): "decode within a block"}
+    assert {case: call_kind(*case, 16) for case in cases} == cases

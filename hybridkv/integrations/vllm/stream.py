@@ -11,10 +11,12 @@ the Scheduler adopted (at first admissions, and at re-admissions after a preempt
 preemptions, steps, the step time (schedule + update_from_output) p50 / p99, and the arrival
 time (the Request made, vLLM hashing its blocks, and added to the Scheduler, hybridkv
 preparing it: outside the steps on both sides) p50 and total; the ratio ours / stock comes
-from this one run. Then every request whose first-admission hit differs, with the
-group(s) that stopped the shorter side (stream_audit), and every stock admission whose resume
-point hybridkv's checkpoint rule finds incomplete in the blocks vLLM handed over. Imports vLLM:
-run it in the vLLM venv.
+from this one run.  And where the step time goes: each side's ``allocate_slots`` calls by what
+they do (a prefill chunk; a decode step within a block, completing one or opening one:
+stream_run.call_kind), their count, p50 and total.  Then every request whose first-admission
+hit differs, with the group(s) that stopped the shorter side (stream_audit), and every stock
+admission whose resume point hybridkv's checkpoint rule finds incomplete in the blocks vLLM
+handed over.  Imports vLLM: run it in the vLLM venv.
 """
 import argparse
 import gc
@@ -28,7 +30,7 @@ from hybridkv.bench.shipped import trace_path
 from hybridkv.bench.traces import read_mooncake, request_token_ids
 from hybridkv.integrations.vllm.specs import group_roles
 from hybridkv.integrations.vllm.stream_audit import OursAudit, StockAudit
-from hybridkv.integrations.vllm.stream_run import StreamRequest, StreamRun
+from hybridkv.integrations.vllm.stream_run import CALL_KINDS, StreamRequest, StreamRun
 from hybridkv.integrations.vllm.stream_setup import SHAPES, build_scheduler
 
 # num_blocks per shape: small enough that the stock side preempts or evicts on 300 requests
@@ -76,7 +78,9 @@ def side_summary(result):
             "step_p50_us": steps["p50"], "step_p99_us": steps["p99"],
             "arrival_p50_us": arrivals["p50"], "arrival_total_ms": round(
                 sum(result.arrival_ns) / 1e6, 1),
-            "wall_s": round(result.wall_s, 2)}
+            "wall_s": round(result.wall_s, 2),
+            "calls": {kind: {**summarize(ns), "total_ms": round(sum(ns) / 1e6, 1)}
+                      for kind, ns in result.call_ns.items()}}
 
 
 def differences(requests, stock, ours, roles):
@@ -133,10 +137,17 @@ def run_shape(shape, requests, num_blocks, ms_per_step, max_num_seqs):
     ratio = {k: round(summary["ours"][k] / summary["stock"][k], 3) if summary["stock"][k]
              else None for k in ("step_p50_us", "step_p99_us", "hit_tokens", "arrival_p50_us",
                                  "arrival_total_ms")}
+    ratio["calls_p50"] = {kind: _ratio(summary["ours"]["calls"][kind]["p50"],
+                                       summary["stock"]["calls"][kind]["p50"])
+                          for kind in CALL_KINDS}
     return {"num_blocks": num_blocks, "setup": about, **summary, "ratio_ours_stock": ratio,
             "differences": differences(requests, results["stock"], results["ours"],
                                        about["stock"]["groups"]),
             "stock_incomplete": stock_incomplete(results["stock"], requests)}
+
+
+def _ratio(ours, stock):
+    return round(ours / stock, 3) if ours is not None and stock else None
 
 
 def machine():
@@ -167,6 +178,11 @@ def table(report):
                      f"{r['stock']['refused']}); requests whose first hit differs: "
                      f"{len(r['differences'])}; stock admissions hybridkv's rule finds "
                      f"incomplete: {len(r['stock_incomplete'])}")
+        lines.append(f"{shape:<9} allocate_slots by what it does, stock / ours: " + "; ".join(
+            f"{kind} {r['stock']['calls'][kind]['count']} calls, p50 "
+            f"{r['stock']['calls'][kind]['p50']} / {r['ours']['calls'][kind]['p50']} us "
+            f"({q['calls_p50'][kind]}), total {r['stock']['calls'][kind]['total_ms']} / "
+            f"{r['ours']['calls'][kind]['total_ms']} ms" for kind in CALL_KINDS))
     return "\n".join(lines)
 
 

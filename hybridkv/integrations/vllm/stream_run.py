@@ -11,7 +11,8 @@ of ``max_model_len`` tokens or more is refused on arrival, as vLLM's input proce
 per admission (an allocation that takes a waiting or preempted request in) the hit the
 Scheduler adopted; ``explain(request, hit, new_computed_blocks)``, when given, runs at each
 admission before the allocation (the cache as the lookup saw it) and its answer is kept with
-the admission; its time is taken out of the step's.
+the admission; its time is taken out of the step's.  Every ``allocate_slots`` call's own time is
+recorded too, by what the call does (``CALL_KINDS``, ``call_kind``): where the step time goes.
 """
 import time
 import zlib
@@ -23,6 +24,8 @@ from vllm.v1.request import Request, RequestStatus
 
 VOCAB = 32_000
 MAX_IDLE_STEPS = 1_000          # steps in a row that schedule nothing before StreamStalled
+CALL_KINDS = ("prefill", "decode within a block", "decode completing a block",
+              "decode opening a block")
 
 
 class StreamStalled(RuntimeError):
@@ -61,6 +64,20 @@ class StreamResult:
     steps: int = 0
     refused: list = field(default_factory=list)    # arrivals vLLM's input checks refuse
     wall_s: float = 0.0
+    call_ns: dict = field(default_factory=lambda: {k: [] for k in CALL_KINDS})  # per
+    # CALL_KINDS: each allocate_slots call's time (inside the steps' time)
+
+
+def call_kind(num_computed_tokens, num_new_tokens, block_size):
+    """What an ``allocate_slots`` call does, by the request's position in its block (the
+    Scheduler's ``block_size``): a prefill chunk (more than one new token), or a decode step
+    whose token stays inside a block, is a block's last (the block completes: the manager
+    caches it) or a block's first (a new block is allocated)."""
+    if num_new_tokens > 1:
+        return "prefill"
+    at = num_computed_tokens % block_size
+    return "decode opening a block" if at == 0 else "decode completing a block" \
+        if at == block_size - 1 else "decode within a block"
 
 
 def decode_token(request_id, index):
@@ -85,6 +102,7 @@ class StreamRun:
         """Record every admission the Scheduler makes (its allocate_slots call)."""
         allocate, result = manager.allocate_slots, self.result
         waiting = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        block_size, call_ns = self.scheduler.block_size, result.call_ns
 
         def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0,
                            new_computed_blocks=None, **kwargs):
@@ -93,9 +111,12 @@ class StreamRun:
                 t0 = time.perf_counter_ns()
                 why = self.explain(request, num_new_computed_tokens, new_computed_blocks)
                 self.untimed_ns += time.perf_counter_ns() - t0
+            kind = call_kind(request.num_computed_tokens, num_new_tokens, block_size)
+            t0 = time.perf_counter_ns()
             got = allocate(request, num_new_tokens, num_new_computed_tokens=
                            num_new_computed_tokens, new_computed_blocks=new_computed_blocks,
                            **kwargs)
+            call_ns[kind].append(time.perf_counter_ns() - t0)
             if got is not None and admitting:
                 result.admissions.append(Admission(
                     request.request_id, result.steps, num_new_computed_tokens,

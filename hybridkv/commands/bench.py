@@ -6,7 +6,11 @@ See hybridkv/bench/vs_vllm.py.
 
 `hybridkv bench allocator`: lookup + allocate + commit + free ops/s of the CacheManager on a
 Mooncake trace, checked mode off vs on, and spec guards vs the same calls with every guard
-stubbed to True (all measured in one run, on the same requests)."""
+stubbed to True (all measured in one run, on the same requests).
+
+`hybridkv bench floor`: the spec's guards and effects alone for one block's lifecycle, event
+by event and as runs, beside the CacheManager's cost for the same blocks (hybridkv/bench/
+floor.py)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +22,8 @@ NAME = "bench"
 HELP = ("benchmarks: `bench vs-vllm` = hybridkv vs vLLM's KV cache manager per call type; "
         "`bench allocator` = CacheManager ops/s (checked off/on, guards stubbed); "
         "`bench one-memory` = KV bytes held by requests sharing a prefix, bytes copied per "
-        "hit, engine decode tokens/s at batch 1 vs 8")
+        "hit, engine decode tokens/s at batch 1 vs 8; `bench floor` = the spec's guards and "
+        "effects alone per block vs the CacheManager's cost per block")
 
 
 def _names(choices):
@@ -48,7 +53,7 @@ def _ints(n):
 def add_arguments(p) -> None:
     from hybridkv.bench.shipped import DEFAULT_TRACE, NAMED_TRACES
     from hybridkv.bench.vs_vllm import DEFAULT_BUDGET_MIB, PAIRINGS, STREAMS
-    p.add_argument("what", choices=("vs-vllm", "allocator", "one-memory"))
+    p.add_argument("what", choices=("vs-vllm", "allocator", "one-memory", "floor"))
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help="a shipped trace (" + ", ".join(NAMED_TRACES) + "; default "
                         f"{DEFAULT_TRACE}) or a Mooncake JSONL file (plain or .gz)")
@@ -153,7 +158,16 @@ def run(args) -> int:
         return run_vs_vllm(args)
     if args.what == "one-memory":
         return run_one_memory(args)
+    if args.what == "floor":
+        return run_floor(args)
     return run_allocator(args)
+
+
+def run_floor(args) -> int:
+    from hybridkv.bench import floor
+    out = floor.run_all()
+    print(json.dumps(out) if args.json else floor.table(out))
+    return 0
 
 
 def run_one_memory(args) -> int:

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from itertools import compress, repeat
+from itertools import compress
 from operator import attrgetter, not_
 
 import numpy as np
 from typing import Hashable, NamedTuple, Protocol, runtime_checkable
 
 from hybridkv.policy_entries import CompactEntries, DenseCompactEntries, plain
+from hybridkv.pow_memo import PowMemo
 
 MAX_USES_CLASS = 3
 PRIO = attrgetter("prio")     # an _Entry's priority
@@ -148,6 +149,7 @@ class ValuePolicy:
         self._seq = itertools.count()
         self._entered: dict = {}
         self._moved: dict = {}
+        self._pow = PowMemo(flops_weight)   # a chain's (FLOPs per byte) ** flops_weight
 
     def key_space(self, n: int) -> None:
         """Every key is an int in ``0 .. n-1`` (a pool's block ids): compact entries are kept
@@ -257,8 +259,7 @@ class ValuePolicy:
             return [base + (m1 / (n0 + i + 3.0) if self.learn else 1.0) *
                     (max(f, 0.0) / size) ** weight + later for i, f in enumerate(flops)]
         per_byte = np.maximum(np.asarray(flops, dtype=np.float64), 0.0) / size
-        weighted = np.fromiter(map(pow, per_byte.tolist(), repeat(weight)),
-                               np.float64, n)             # Python's pow: the same last bit
+        weighted = self._pow(per_byte, weight)      # Python's pow's bits (PowMemo)
         p = m1 / (np.arange(n, dtype=np.float64) + (n0 + 3.0)) if self.learn else 1.0
         return (base + p * weighted) + later
 

@@ -88,8 +88,9 @@ def spec_run(n, number=300):
 
 
 def _filled_manager(num_blocks, rng):
-    """A full-attention manager whose pool is full of cached blocks (60 prompts of 1,024
-    tokens through it): every new block evicts one."""
+    """A full-attention manager whose pool is full of cached blocks (``num_blocks // 64 + 8``
+    distinct prompts of 64 blocks through it, more than it holds): every new block evicts
+    one."""
     m = CacheManager(ModelLayout.full(block_size=BLOCK_TOKENS), device="meta",
                      num_blocks=num_blocks)
     for i in range(num_blocks // 64 + 8):

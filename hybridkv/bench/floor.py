@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from hybridkv.bench.breakeven import EVENTS
 from hybridkv.cache import CacheManager
 from hybridkv.cache.records import RecordColumns
 from hybridkv.cache.tables import GroupCtx, table_for
@@ -27,7 +28,7 @@ from spec.effects import EFFECTS
 from spec.state import MACHINES, RECS
 
 BLOCK_TOKENS = 16
-LIFECYCLE = ("write", "publish", "fill", "seal", "pin", "unpin", "evict")
+LIFECYCLE = EVENTS             # a chain block's life, as bench.breakeven times it
 RUN_LENGTHS = (16, 140, 890)   # a short run; about a request of bench vs-vllm's decode and
 #                               Mooncake streams (their mean blocks a request)
 
@@ -87,6 +88,14 @@ def spec_run(n, number=300):
     return _best_us(lifecycle, number) / n
 
 
+def _serve(m, rid, tokens):
+    """One prompt through ``m``: lookup, allocate the rest, commit it, free."""
+    plan = m.lookup(rid, tokens)
+    a = m.allocate(rid, len(tokens) - plan.reuse_tokens)
+    m.commit(rid, a.end - a.start)
+    m.free(rid)
+
+
 def _filled_manager(num_blocks, rng):
     """A full-attention manager whose pool is full of cached blocks (``num_blocks // 64 + 8``
     distinct prompts of 64 blocks through it, more than it holds): every new block evicts
@@ -94,11 +103,7 @@ def _filled_manager(num_blocks, rng):
     m = CacheManager(ModelLayout.full(block_size=BLOCK_TOKENS), device="meta",
                      num_blocks=num_blocks)
     for i in range(num_blocks // 64 + 8):
-        tokens = [rng.randrange(1000) for _ in range(1024)]
-        plan = m.lookup(f"fill{i}", tokens)
-        a = m.allocate(f"fill{i}", len(tokens) - plan.reuse_tokens)
-        m.commit(f"fill{i}", a.end - a.start)
-        m.free(f"fill{i}")
+        _serve(m, f"fill{i}", [rng.randrange(1000) for _ in range(1024)])
     return m
 
 
@@ -130,10 +135,7 @@ def runtime_prefill(n, num_blocks=4096, requests=200, seed=2):
     for i in range(requests):
         tokens = [rng.randrange(1000) for _ in range(n * BLOCK_TOKENS)]
         t0 = clock()
-        plan = m.lookup(i, tokens)
-        a = m.allocate(i, len(tokens) - plan.reuse_tokens)
-        m.commit(i, a.end - a.start)
-        m.free(i)
+        _serve(m, i, tokens)
         per_block.append((clock() - t0) / n)
     return statistics.median(per_block) / 1e3
 

@@ -134,9 +134,9 @@ def run_shape(shape, requests, num_blocks, ms_per_step, max_num_seqs):
         results[side], about[side] = run_side(side, shape, requests, num_blocks, ms_per_step,
                                               max_num_seqs)
     summary = {side: side_summary(results[side]) for side in SIDES}
-    ratio = {k: round(summary["ours"][k] / summary["stock"][k], 3) if summary["stock"][k]
-             else None for k in ("step_p50_us", "step_p99_us", "hit_tokens", "arrival_p50_us",
-                                 "arrival_total_ms")}
+    ratio = {k: _ratio(summary["ours"][k], summary["stock"][k])
+             for k in ("step_p50_us", "step_p99_us", "hit_tokens", "arrival_p50_us",
+                       "arrival_total_ms")}
     ratio["calls_p50"] = {kind: _ratio(summary["ours"]["calls"][kind]["p50"],
                                        summary["stock"]["calls"][kind]["p50"])
                           for kind in CALL_KINDS}
